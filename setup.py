@@ -1,0 +1,38 @@
+"""Packaging for tfdist."""
+
+import pathlib
+import re
+
+from setuptools import find_packages, setup
+
+here = pathlib.Path(__file__).parent
+version = re.search(r'__version__ = "([^"]+)"', (here / "tfdist" / "_version.py").read_text()).group(1)
+
+setup(
+    name="tfdist",
+    version=version,
+    description="Distributed Keras training on TensorFlow in one call, resumable at the exact step.",
+    long_description=(here / "README.md").read_text() if (here / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tfdist", "tfdist.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.16,<2.22",
+        "tf-keras>=2.16,<2.22",
+        "tensorflow-datasets>=4.9",
+        "absl-py>=1.0",
+        "scikit-learn>=1.2",
+        "pyyaml>=6.0",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6.29",
+        ],
+    },
+    entry_points={"console_scripts": ["tfdist=tfdist.cli:run"]},
+)

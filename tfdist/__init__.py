@@ -1,0 +1,72 @@
+"""tfdist: distributed Keras training on TensorFlow in one call, resumable at the exact step.
+
+The public API is loaded lazily, so that ``import tfdist`` (and the CLI's ``--help``) does
+not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from tfdist._version import __version__
+from tfdist.errors import (
+    BatchSizeError,
+    CheckpointError,
+    CheckpointMismatchError,
+    ClusterConfigError,
+    DataError,
+    ModelError,
+    PeerUnavailableError,
+    PlanError,
+    StrategyError,
+    TfdistError,
+)
+
+_LAZY = {
+    "fit": "tfdist.fit",
+    "make_strategy": "tfdist.strategy",
+    "split_cpu": "tfdist.strategy",
+    "detect_cluster": ("tfdist.cluster", "detect"),
+    "ClusterSpec": "tfdist.cluster",
+    "plan": "tfdist.plan",
+    "Plan": "tfdist.plan",
+}
+
+__all__ = [
+    "__version__",
+    "fit",
+    "make_strategy",
+    "split_cpu",
+    "detect_cluster",
+    "ClusterSpec",
+    "plan",
+    "Plan",
+    "TfdistError",
+    "ClusterConfigError",
+    "StrategyError",
+    "BatchSizeError",
+    "DataError",
+    "ModelError",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "PeerUnavailableError",
+    "PlanError",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tfdist.cluster import ClusterSpec
+    from tfdist.cluster import detect as detect_cluster
+    from tfdist.fit import fit
+    from tfdist.plan import Plan, plan
+    from tfdist.strategy import make_strategy, split_cpu
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'tfdist' has no attribute {name!r}")
+    module_name, attr = target if isinstance(target, tuple) else (target, name)
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value

@@ -1,0 +1,5 @@
+"""``python -m tfdist`` runs the command line."""
+
+from tfdist.cli import run
+
+run()

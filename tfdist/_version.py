@@ -1,0 +1,3 @@
+"""The tfdist version."""
+
+__version__ = "0.1.0"

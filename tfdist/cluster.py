@@ -1,0 +1,305 @@
+"""Cluster detection: one frozen ClusterSpec from TF_CONFIG, Slurm, or the local machine.
+
+Detectors are tried in a fixed order (see ``detect``):
+
+1. ``TF_CONFIG`` -- written by ``tfdist launch``, Kubeflow's TFJob, or the user. It wins
+   because it is the one source a user sets on purpose.
+2. Slurm -- inside an ``srun`` step with more than one task, through TensorFlow's
+   ``SlurmClusterResolver``.
+3. The local machine -- a single task; the strategy then depends on its devices.
+
+Nothing here imports TensorFlow except the Slurm detector.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Mapping
+
+from tfdist import env
+from tfdist.errors import ClusterConfigError
+
+CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"
+ROLES = (CHIEF, WORKER, PS, EVALUATOR)
+_ALIASES = {"master": CHIEF}  # Kubeflow's TFJob (and TF 1.x Estimator) call the chief "master".
+_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$")
+
+_TF_CONFIG_EXAMPLE = (
+    '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """The cluster this process belongs to, and its own place in it.
+
+    ``jobs`` maps a role (``chief``, ``worker``, ``ps``, ``evaluator``) to its task
+    addresses; ``master`` is normalized to ``chief``. A local run has no jobs.
+    """
+
+    jobs: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    task_type: str | None = None
+    task_index: int | None = None
+    source: str = "local"
+    environment: str | None = None
+    rpc_layer: str = "grpc"
+
+    def __post_init__(self):
+        jobs = {role: tuple(addrs) for role, addrs in dict(self.jobs).items()}
+        object.__setattr__(self, "jobs", jobs)
+        _validate(jobs, self.task_type, self.task_index, where=self.source)
+
+    # --- counts -------------------------------------------------------------------
+    @property
+    def num_workers(self) -> int:
+        """Training tasks: the chief plus the workers (ps and evaluator excluded)."""
+        return len(self.jobs.get(CHIEF, ())) + len(self.jobs.get(WORKER, ()))
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.jobs.get(PS, ()))
+
+    @property
+    def is_local(self) -> bool:
+        return not self.jobs
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the task that coordinates and keeps checkpoints and logs."""
+        if self.is_local:
+            return True
+        if CHIEF in self.jobs:
+            return self.task_type == CHIEF
+        return self.task_type == WORKER and self.task_index == 0
+
+    @property
+    def task_address(self) -> str | None:
+        if self.task_type is None or self.task_type not in self.jobs:
+            return None
+        return self.jobs[self.task_type][self.task_index or 0]
+
+    @property
+    def task_name(self) -> str:
+        return "local" if self.is_local else f"{self.task_type}:{self.task_index}"
+
+    def training_jobs(self) -> dict[str, list[str]]:
+        """The jobs TensorFlow's strategies see: everything but the evaluator."""
+        return {role: list(addrs) for role, addrs in self.jobs.items() if role != EVALUATOR}
+
+    def to_tf_config(self, task_type: str | None = None, task_index: int | None = None) -> dict:
+        """The TF_CONFIG dictionary of one task (this one by default)."""
+        task_type = self.task_type if task_type is None else task_type
+        task_index = self.task_index if task_index is None else task_index
+        config: dict[str, Any] = {
+            "cluster": {role: list(addrs) for role, addrs in self.jobs.items()},
+            "task": {"type": task_type, "index": task_index},
+        }
+        if self.environment:
+            config["environment"] = self.environment
+        return config
+
+    def tasks(self) -> list[tuple[str, int, str]]:
+        """Every task as (role, index, address), chief first, then workers, ps, evaluator."""
+        return [(role, i, addr) for role in ROLES for i, addr in enumerate(self.jobs.get(role, ()))]
+
+    def describe(self) -> str:
+        if self.is_local:
+            return "local machine (no cluster configured)"
+        parts = [f"{len(addrs)} {role}" for role, addrs in self.jobs.items() if addrs]
+        return f"{', '.join(parts)} from {self.source}; this task is {self.task_name}"
+
+
+def _fail(where: str, field: str, received: Any, fix: str) -> ClusterConfigError:
+    return ClusterConfigError(f"{where}: invalid {field}; received {received!r}. Fix: {fix}")
+
+
+def _validate(jobs: dict[str, tuple[str, ...]], task_type, task_index, *, where: str) -> None:
+    if not jobs:
+        if task_type is not None:
+            raise _fail(where, "task", task_type, "a task needs a cluster; give \"cluster\" too.")
+        return
+    seen: dict[str, str] = {}
+    for role, addresses in jobs.items():
+        if role not in ROLES:
+            raise _fail(
+                where, "role in cluster", role, f"use one of {', '.join(ROLES)} (or 'master' for the chief)."
+            )
+        if not addresses:
+            raise _fail(where, f"cluster.{role}", [], f"list at least one address for '{role}' or remove it.")
+        for i, address in enumerate(addresses):
+            if not isinstance(address, str) or not _ADDRESS.match(address):
+                raise _fail(where, f"address cluster.{role}[{i}]", address, "write it as host:port, e.g. 'host1:2222'.")
+            port = int(_ADDRESS.match(address).group("port"))
+            if not 0 < port < 65536:
+                raise _fail(where, f"port of cluster.{role}[{i}]", address, "use a port between 1 and 65535.")
+            if address in seen:
+                raise _fail(
+                    where, f"address cluster.{role}[{i}]", address,
+                    f"it is already used by {seen[address]}; give every task its own host:port.",
+                )
+            seen[address] = f"{role}[{i}]"
+    for role in (CHIEF, EVALUATOR):
+        if len(jobs.get(role, ())) > 1:
+            raise _fail(where, f"cluster.{role}", list(jobs[role]), f"a cluster has at most one {role}.")
+    if PS in jobs and CHIEF not in jobs:
+        raise _fail(
+            where, "cluster", sorted(jobs),
+            "a 'ps' job needs a 'chief' to coordinate the training; add \"chief\": [\"host:port\"].",
+        )
+    if PS in jobs and WORKER not in jobs:
+        raise _fail(where, "cluster", sorted(jobs), "a 'ps' job needs at least one 'worker' to run the steps.")
+    if task_type is None:
+        raise _fail(where, "task", None, 'add "task": {"type": "worker", "index": 0} naming this process.')
+    if task_type not in ROLES:
+        raise _fail(where, "task.type", task_type, f"use one of {', '.join(ROLES)} (or 'master').")
+    if task_type not in jobs:
+        raise _fail(
+            where, "task.type", task_type, f"the cluster has no '{task_type}' job; it has {', '.join(sorted(jobs))}."
+        )
+    if not isinstance(task_index, int) or isinstance(task_index, bool):
+        raise _fail(where, "task.index", task_index, "give the task's index as an integer, e.g. 0.")
+    if not 0 <= task_index < len(jobs[task_type]):
+        raise _fail(
+            where, "task.index", task_index,
+            f"the '{task_type}' job has {len(jobs[task_type])} task(s), so use 0..{len(jobs[task_type]) - 1}.",
+        )
+
+
+def parse_tf_config(raw: str | Mapping[str, Any], *, where: str = "TF_CONFIG") -> ClusterSpec:
+    """Parses and validates a TF_CONFIG (a JSON string or an already decoded dictionary)."""
+    if isinstance(raw, str):
+        try:
+            config = json.loads(raw)
+        except json.JSONDecodeError as e:
+            shown = raw if len(raw) <= 60 else raw[:57] + "..."
+            raise ClusterConfigError(
+                f"{where} is not valid JSON ({e.msg} at column {e.colno}); received {shown!r}. "
+                f"Fix: set it to an object such as {_TF_CONFIG_EXAMPLE}"
+            ) from None
+    else:
+        config = raw
+    if not isinstance(config, dict):
+        raise _fail(where, "value", config, f"set it to a JSON object such as {_TF_CONFIG_EXAMPLE}")
+    unknown = set(config) - {"cluster", "task", "environment", "rpc_layer"}
+    if unknown:
+        raise _fail(where, "key", sorted(unknown)[0], "use only the keys cluster, task, environment and rpc_layer.")
+    cluster = config.get("cluster", {})
+    if not isinstance(cluster, dict):
+        raise _fail(where, "cluster", cluster, 'make "cluster" an object of role -> list of "host:port".')
+    jobs: dict[str, tuple[str, ...]] = {}
+    for role, addresses in cluster.items():
+        canonical = _ALIASES.get(role, role)
+        if canonical in jobs:
+            raise _fail(where, "cluster", sorted(cluster), "give the chief once, as 'chief' or as 'master'.")
+        if isinstance(addresses, str) or not isinstance(addresses, (list, tuple)):
+            raise _fail(where, f"cluster.{role}", addresses, f'make it a list, e.g. "{role}": ["host1:2222"].')
+        jobs[canonical] = tuple(addresses)
+    task = config.get("task")
+    if task is None:
+        if not jobs:
+            return ClusterSpec(source=where)
+        raise _fail(where, "task", None, 'add "task": {"type": "worker", "index": 0} naming this process.')
+    if not isinstance(task, dict):
+        raise _fail(where, "task", task, 'make "task" an object such as {"type": "worker", "index": 0}.')
+    if "type" not in task:
+        raise _fail(where, "task.type", None, 'add the role of this process, e.g. "type": "worker".')
+    task_type = _ALIASES.get(task["type"], task["type"])
+    task_index = task.get("index", 0)
+    environment = config.get("environment")
+    if environment is not None and not isinstance(environment, str):
+        raise _fail(where, "environment", environment, 'use a string such as "cloud", or drop the key.')
+    return ClusterSpec(
+        jobs=jobs,
+        task_type=task_type,
+        task_index=task_index,
+        source=where,
+        environment=environment,
+        rpc_layer=config.get("rpc_layer") or "grpc",
+    )
+
+
+def _parse_slurm_jobs(raw: str) -> dict[str, int]:
+    jobs: dict[str, int] = {}
+    for part in raw.split(","):
+        role, _, count = part.strip().partition(":")
+        role = _ALIASES.get(role, role)
+        if role not in ROLES or not count.isdigit() or int(count) < 1:
+            raise _fail(
+                env.TFDIST_SLURM_JOBS, "role:count", part, "write it as e.g. 'chief:1,worker:2,ps:1'."
+            )
+        jobs[role] = int(count)
+    return jobs
+
+
+def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
+    """The cluster of an ``srun`` step with more than one task, or None outside one.
+
+    Tasks are given roles by TensorFlow's SlurmClusterResolver: ranks fill the roles in
+    alphabetical order (chief, ps, worker), each task on port ``TFDIST_PORT_BASE`` plus its
+    rank on the node.
+    """
+    if env.get(env.SLURM_JOB_ID, environ) is None or env.get(env.SLURM_PROCID, environ) is None:
+        return None
+    num_tasks = env.get(env.SLURM_STEP_NUM_TASKS, environ) or env.get(env.SLURM_NTASKS, environ) or "1"
+    if not num_tasks.isdigit():
+        raise _fail("Slurm", env.SLURM_STEP_NUM_TASKS, num_tasks, "run tfdist inside an srun step.")
+    if int(num_tasks) < 2:
+        return None
+    nodelist = env.get(env.SLURM_STEP_NODELIST, environ) or env.get(env.SLURM_JOB_NODELIST, environ)
+    tasks_per_node = env.get(env.SLURM_STEP_TASKS_PER_NODE, environ)
+    if nodelist is None or tasks_per_node is None:
+        raise _fail(
+            "Slurm", "SLURM_STEP_NODELIST/SLURM_STEP_TASKS_PER_NODE", None,
+            "start the tasks with srun, which sets both; or set TF_CONFIG instead.",
+        )
+    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+
+    jobs_raw = env.get(env.TFDIST_SLURM_JOBS, environ)
+    jobs = _parse_slurm_jobs(jobs_raw) if jobs_raw else {WORKER: int(num_tasks)}
+    if sum(jobs.values()) != int(num_tasks):
+        raise _fail(
+            env.TFDIST_SLURM_JOBS, "number of tasks", jobs_raw,
+            f"the roles must add up to the {num_tasks} tasks of the srun step.",
+        )
+    hosts = slurm.expand_hostlist(nodelist)
+    per_node = slurm.expand_tasks_per_node(tasks_per_node)
+    port_base = int(env.get(env.TFDIST_PORT_BASE, environ) or env.DEFAULT_SLURM_PORT_BASE)
+    # GPUs are not allocated here: CUDA_VISIBLE_DEVICES stays as Slurm set it.
+    class _Resolver(slurm.SlurmClusterResolver):
+        def _resolve_own_rank(self):  # the base class reads os.environ; use `environ`
+            return int(environ[env.SLURM_PROCID])
+
+    resolver = _Resolver(
+        jobs=jobs,
+        port_base=port_base,
+        gpus_per_node=max(per_node),
+        gpus_per_task=1,
+        tasks_per_node=dict(zip(hosts, per_node)),
+        auto_set_gpu=False,
+    )
+    spec = resolver.cluster_spec().as_dict()
+    return ClusterSpec(
+        jobs={role: tuple(addrs) for role, addrs in spec.items()},
+        task_type=resolver.task_type,
+        task_index=resolver.task_id,
+        source="Slurm",
+    )
+
+
+def detect(environ: Mapping[str, str] | None = None) -> ClusterSpec:
+    """Detects this process's cluster; raises ClusterConfigError if it is invalid."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    # 1. TF_CONFIG: set on purpose by the launcher, Kubeflow or the user.
+    raw = env.get(env.TF_CONFIG, environ)
+    if raw is not None:
+        return parse_tf_config(raw)
+    # 2. Slurm: an srun step of several tasks describes the cluster by itself.
+    slurm_spec = from_slurm(environ)
+    if slurm_spec is not None:
+        return slurm_spec
+    # 3. The local machine: a single task.
+    return ClusterSpec()

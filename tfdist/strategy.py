@@ -1,0 +1,415 @@
+"""Strategy factory: a registry of builders and the one ordered ``auto`` rule.
+
+The ``auto`` rule (``choose``) decides from the detected cluster, in this order:
+
+1. a ``ps`` job in the cluster         -> ``parameter_server``
+2. more than one training task         -> ``multi_worker_mirrored``
+3. one machine with several GPUs       -> ``mirrored``
+4. otherwise                           -> ``one_device`` (the GPU if there is one, else the CPU)
+
+``central_storage`` is only chosen by name. Every choice is logged once with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import threading
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from tfdist import env
+from tfdist.cluster import CHIEF, PS, WORKER, ClusterSpec, detect
+from tfdist.errors import ClusterConfigError, StrategyError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+log = logging.getLogger("tfdist")
+
+ONE_DEVICE = "one_device"
+MIRRORED = "mirrored"
+MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
+CENTRAL_STORAGE = "central_storage"
+PARAMETER_SERVER = "parameter_server"
+NAMES = (ONE_DEVICE, MIRRORED, MULTI_WORKER_MIRRORED, CENTRAL_STORAGE, PARAMETER_SERVER)
+SYNCHRONOUS = (ONE_DEVICE, MIRRORED, MULTI_WORKER_MIRRORED, CENTRAL_STORAGE)
+
+MULTI_WORKER_ALL_REDUCE = ("auto", "ring", "nccl")
+MIRRORED_ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyOptions:
+    """Communication and device settings; each strategy uses the ones that apply to it.
+
+    Attributes:
+      devices: explicit devices, e.g. ``("/cpu:0", "/cpu:1")`` for two logical CPUs.
+      all_reduce: ``auto``/``ring``/``nccl`` (multi_worker_mirrored) or
+        ``auto``/``nccl``/``hierarchical_copy``/``reduce_to_one`` (mirrored).
+      bytes_per_pack: gradient bytes per all-reduce pack (0: TensorFlow decides).
+      collective_timeout: seconds after which a collective that does not finish fails
+        (None: no limit). Guards against a peer that is alive but stuck.
+      startup_timeout: seconds to wait for every peer of a cluster to come up before
+        failing with an error naming the missing tasks.
+    """
+
+    devices: tuple[str, ...] | None = None
+    all_reduce: str = "auto"
+    bytes_per_pack: int = 0
+    collective_timeout: float | None = None
+    startup_timeout: float = env.DEFAULT_STARTUP_TIMEOUT
+
+    def __post_init__(self):
+        if self.devices is not None:
+            if isinstance(self.devices, str) or not all(isinstance(d, str) for d in self.devices):
+                raise StrategyError(
+                    f"Invalid `devices`; received devices={self.devices!r}. "
+                    "Fix: pass a list of device names such as ['/gpu:0', '/gpu:1']."
+                )
+            object.__setattr__(self, "devices", tuple(self.devices))
+            if not self.devices:
+                raise StrategyError("Invalid `devices`; received devices=(). Fix: name at least one device or pass None.")
+        allowed = sorted(set(MULTI_WORKER_ALL_REDUCE) | set(MIRRORED_ALL_REDUCE))
+        if self.all_reduce not in allowed:
+            raise StrategyError(
+                f"Invalid `all_reduce`; received all_reduce={self.all_reduce!r}. Fix: use one of {', '.join(allowed)}."
+            )
+        if not isinstance(self.bytes_per_pack, int) or self.bytes_per_pack < 0:
+            raise StrategyError(
+                f"Invalid `bytes_per_pack`; received bytes_per_pack={self.bytes_per_pack!r}. "
+                "Fix: use 0 (TensorFlow decides) or a positive number of bytes."
+            )
+        for field in ("collective_timeout", "startup_timeout"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise StrategyError(
+                    f"Invalid `{field}`; received {field}={value!r}. Fix: use a positive number of seconds."
+                )
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """A strategy name and why it was chosen."""
+
+    name: str
+    reason: str
+
+
+def choose(cluster: ClusterSpec, *, num_gpus: int) -> Choice:
+    """The ``auto`` rule. Pure: needs only the cluster and the number of local GPUs."""
+    # 1. A ps job can only be driven by ParameterServerStrategy.
+    if cluster.num_ps:
+        return Choice(
+            PARAMETER_SERVER,
+            f"{cluster.source} lists {cluster.num_ps} ps and {cluster.num_workers - 1 if CHIEF in cluster.jobs else cluster.num_workers} worker task(s)",
+        )
+    # 2. Several training tasks must synchronize across machines.
+    if cluster.num_workers > 1:
+        return Choice(MULTI_WORKER_MIRRORED, f"{cluster.source} lists {cluster.num_workers} workers")
+    # 3. One machine, several GPUs.
+    if num_gpus > 1:
+        return Choice(MIRRORED, f"{num_gpus} GPUs on this machine")
+    # 4. One device.
+    if num_gpus == 1:
+        return Choice(ONE_DEVICE, "1 GPU on this machine")
+    return Choice(ONE_DEVICE, "no GPU on this machine; using the CPU")
+
+
+def local_gpus() -> list[str]:
+    import tensorflow as tf
+
+    return [d.name for d in tf.config.list_physical_devices("GPU")]
+
+
+def split_cpu(count: int) -> list[str]:
+    """Splits the CPU into ``count`` logical devices (stand-ins for GPUs on a CPU machine).
+
+    Must run before TensorFlow's runtime starts; returns the device names.
+    """
+    import tensorflow as tf
+
+    if count < 1:
+        raise StrategyError(f"Invalid `cpu_devices`; received {count}. Fix: use 1 or more.")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is None or len(current) != count:
+        try:
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+        except RuntimeError:
+            raise StrategyError(
+                f"Cannot split the CPU into {count} devices: TensorFlow's runtime already started. "
+                "Fix: split it first thing in the program, before any TensorFlow op runs."
+            ) from None
+    return [f"/cpu:{i}" for i in range(count)]
+
+
+def _resolver(cluster: ClusterSpec):
+    import tensorflow as tf
+
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster.training_jobs()),
+        task_type=cluster.task_type,
+        task_id=cluster.task_index,
+        rpc_layer=cluster.rpc_layer,
+    )
+
+
+def _one_device(cluster: ClusterSpec, options: StrategyOptions):
+    import tensorflow as tf
+
+    if options.devices and len(options.devices) > 1:
+        raise StrategyError(
+            f"one_device takes one device; received devices={list(options.devices)!r}. "
+            "Fix: pass one device, or use strategy='mirrored'."
+        )
+    device = options.devices[0] if options.devices else ("/gpu:0" if local_gpus() else "/cpu:0")
+    return tf.distribute.OneDeviceStrategy(device)
+
+
+def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
+    import tensorflow as tf
+
+    if options.all_reduce not in MIRRORED_ALL_REDUCE:
+        raise StrategyError(
+            f"mirrored does not support all_reduce={options.all_reduce!r}. "
+            f"Fix: use one of {', '.join(MIRRORED_ALL_REDUCE)}."
+        )
+    devices = list(options.devices) if options.devices else None
+    if options.all_reduce == "nccl" and not local_gpus():
+        raise StrategyError(
+            "all_reduce='nccl' needs GPUs; received it on a machine with none. "
+            "Fix: use all_reduce='auto' or 'reduce_to_one' on CPUs."
+        )
+    cross_device_ops = {
+        "auto": None,
+        "nccl": lambda: tf.distribute.NcclAllReduce(),
+        "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
+        "reduce_to_one": lambda: tf.distribute.ReductionToOneDevice(),
+    }[options.all_reduce]
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops() if cross_device_ops else None)
+
+
+def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
+    import tensorflow as tf
+
+    devices = list(options.devices) if options.devices else None
+    return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
+
+
+def _communication_options(options: StrategyOptions):
+    import tensorflow as tf
+
+    if options.all_reduce not in MULTI_WORKER_ALL_REDUCE:
+        raise StrategyError(
+            f"multi_worker_mirrored does not support all_reduce={options.all_reduce!r}. "
+            f"Fix: use one of {', '.join(MULTI_WORKER_ALL_REDUCE)}."
+        )
+    if options.all_reduce == "nccl" and not local_gpus():
+        raise StrategyError(
+            "all_reduce='nccl' needs GPUs; received it on a machine with none. Fix: use all_reduce='ring' or 'auto'."
+        )
+    implementation = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }[options.all_reduce]
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=options.bytes_per_pack,
+        timeout_seconds=options.collective_timeout,
+        implementation=implementation,
+    )
+
+
+def _require_cluster(cluster: ClusterSpec, name: str, roles: Sequence[str]) -> None:
+    if cluster.is_local or not any(role in cluster.jobs for role in roles):
+        raise StrategyError(
+            f"{name} needs a cluster with {' or '.join(roles)} tasks; received {cluster.describe()}. "
+            "Fix: set TF_CONFIG (or start the job with `tfdist launch`), or choose another strategy."
+        )
+
+
+def _multi_worker_mirrored(cluster: ClusterSpec, options: StrategyOptions):
+    import tensorflow as tf
+
+    communication = _communication_options(options)
+    if cluster.is_local:  # one process on its own, e.g. a unit test: a one-worker cluster.
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
+    if cluster.num_ps:
+        raise StrategyError(
+            f"multi_worker_mirrored cannot use a cluster with a ps job; received {cluster.describe()}. "
+            "Fix: use strategy='parameter_server' or remove the ps job."
+        )
+    with startup_watchdog(cluster, options.startup_timeout):
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=_resolver(cluster), communication_options=communication
+        )
+
+
+def _parameter_server(cluster: ClusterSpec, options: StrategyOptions):
+    import tensorflow as tf
+
+    _require_cluster(cluster, PARAMETER_SERVER, (PS,))
+    if not cluster.is_chief:
+        raise StrategyError(
+            f"parameter_server strategy is created on the chief only; this task is {cluster.task_name}. "
+            "Fix: call tfdist.serve() (tfdist.fit does it for you) on worker and ps tasks."
+        )
+    with startup_watchdog(cluster, options.startup_timeout):
+        return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster))
+
+
+_REGISTRY: dict[str, Callable[[ClusterSpec, StrategyOptions], "tf.distribute.Strategy"]] = {
+    ONE_DEVICE: _one_device,
+    MIRRORED: _mirrored,
+    MULTI_WORKER_MIRRORED: _multi_worker_mirrored,
+    CENTRAL_STORAGE: _central_storage,
+    PARAMETER_SERVER: _parameter_server,
+}
+
+
+def resolve_name(name: str, cluster: ClusterSpec) -> Choice:
+    """The strategy name and its reason, for a name or ``auto`` (creates nothing)."""
+    if name == "auto":
+        return choose(cluster, num_gpus=len(local_gpus()))
+    if name not in _REGISTRY:
+        raise StrategyError(
+            f"Unknown strategy; received strategy={name!r}. Fix: use 'auto' or one of {', '.join(NAMES)}."
+        )
+    return Choice(name, "chosen by name")
+
+
+def make_strategy(
+    name: "str | tf.distribute.Strategy" = "auto",
+    *,
+    cluster: ClusterSpec | None = None,
+    devices: Sequence[str] | None = None,
+    all_reduce: str = "auto",
+    bytes_per_pack: int = 0,
+    collective_timeout: float | None = None,
+    startup_timeout: float | None = None,
+) -> "tf.distribute.Strategy":
+    """Creates the strategy ``name`` (or the one ``auto`` picks) for this process's cluster.
+
+    Every process of a cluster must call this, with the same arguments. A ready
+    ``tf.distribute.Strategy`` is returned unchanged.
+    """
+    import tensorflow as tf
+
+    if isinstance(name, tf.distribute.Strategy):
+        return name
+    if not isinstance(name, str):
+        raise StrategyError(
+            f"Invalid `strategy`; received {type(name).__name__}. Fix: pass a name such as 'auto' "
+            "or a tf.distribute.Strategy."
+        )
+    cluster = detect() if cluster is None else cluster
+    options = StrategyOptions(
+        devices=tuple(devices) if devices is not None else None,
+        all_reduce=all_reduce,
+        bytes_per_pack=bytes_per_pack,
+        collective_timeout=collective_timeout,
+        startup_timeout=startup_timeout if startup_timeout is not None else env.startup_timeout(),
+    )
+    choice = resolve_name(name, cluster)
+    if choice.name in (ONE_DEVICE, MIRRORED, CENTRAL_STORAGE) and cluster.num_workers > 1:
+        raise StrategyError(
+            f"{choice.name} runs on one machine but the cluster has several tasks; received {cluster.describe()}. "
+            "Fix: use 'multi_worker_mirrored' (or 'auto'), or unset TF_CONFIG."
+        )
+    strategy = _REGISTRY[choice.name](cluster, options)
+    log.info("strategy %s: %s (%d replica(s))", choice.name, choice.reason, strategy.num_replicas_in_sync)
+    strategy._tfdist_name = choice.name  # read by name_of()
+    return strategy
+
+
+def name_of(strategy: "tf.distribute.Strategy") -> str:
+    """The registry name of a strategy, also for one the user created."""
+    import tensorflow as tf
+
+    given = getattr(strategy, "_tfdist_name", None)
+    if given:
+        return given
+    kinds = [
+        (tf.distribute.experimental.ParameterServerStrategy, PARAMETER_SERVER),
+        (tf.distribute.MultiWorkerMirroredStrategy, MULTI_WORKER_MIRRORED),
+        (tf.distribute.experimental.CentralStorageStrategy, CENTRAL_STORAGE),
+        (tf.distribute.MirroredStrategy, MIRRORED),
+        (tf.distribute.OneDeviceStrategy, ONE_DEVICE),
+    ]
+    for kind, kind_name in kinds:
+        if isinstance(strategy, kind):
+            return kind_name
+    return type(strategy).__name__
+
+
+# --- servers and the no-hang guard --------------------------------------------------------
+
+
+def serve(cluster: ClusterSpec) -> None:
+    """Runs this task's TensorFlow server until the process is stopped (ps and PS workers)."""
+    import tensorflow as tf
+
+    if cluster.task_type not in (PS, WORKER):
+        raise ClusterConfigError(
+            f"Only ps and worker tasks serve; received task {cluster.task_name}. Fix: run training on the chief."
+        )
+    log.info("%s: serving as %s at %s until stopped", PARAMETER_SERVER, cluster.task_name, cluster.task_address)
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster.training_jobs()),
+        job_name=cluster.task_type,
+        task_index=cluster.task_index,
+        protocol=cluster.rpc_layer,
+        start=True,
+    )
+    server.join()
+
+
+def _listening(address: str, timeout: float = 1.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class startup_watchdog:
+    """Ends the process if the block inside does not finish within ``timeout`` seconds.
+
+    Creating a multi-worker strategy blocks inside TensorFlow until every peer has
+    joined; a peer that never starts would make it wait for an hour. The watchdog names
+    the tasks whose ports do not answer, prints a one-line error and exits with
+    ``EXIT_PEER_LOST``, since the blocked thread cannot be interrupted.
+    """
+
+    def __init__(self, cluster: ClusterSpec, timeout: float):
+        self._cluster, self._timeout = cluster, timeout
+        self._done = threading.Event()
+
+    def __enter__(self):
+        threading.Thread(target=self._watch, name="tfdist-startup-watchdog", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        return False
+
+    def _watch(self):
+        if self._done.wait(self._timeout):
+            return
+        missing = [
+            f"{role}:{index} ({address})"
+            for role, index, address in self._cluster.tasks()
+            if role != "evaluator" and address != self._cluster.task_address and not _listening(address)
+        ]
+        what = ", ".join(missing) if missing else "every peer answers, but not all of them joined"
+        sys.stderr.write(
+            f"tfdist: error: the cluster did not come up within {self._timeout:g} s; missing: {what}. "
+            f"Fix: start every task listed in TF_CONFIG (or use `tfdist launch`); "
+            f"raise {env.TFDIST_STARTUP_TIMEOUT} if they start slowly.\n"
+        )
+        sys.stderr.flush()
+        os._exit(env.EXIT_PEER_LOST)

@@ -1,0 +1,209 @@
+"""The model side of fit: tf_keras checks, building in scope, accumulation, mixed precision, RNG state."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import types
+from typing import Any
+
+import numpy as np
+
+from tfdist.errors import ModelError
+
+log = logging.getLogger("tfdist")
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+_KERAS3_FIX = (
+    "Fix: build it with tf_keras (`import tf_keras as keras`), or set TF_USE_LEGACY_KERAS=1 before "
+    "TensorFlow is imported so that tf.keras is tf_keras. Keras 3 cannot run fit under "
+    "MultiWorkerMirrored or ParameterServer strategies (keras-team/keras#20585, #18624)."
+)
+
+
+def _is_keras3(obj: Any) -> bool:
+    module = type(obj).__module__ or ""
+    return module == "keras" or module.startswith("keras.")
+
+
+def check_tf_keras(model: Any, *, what: str = "model") -> None:
+    import tf_keras
+
+    if isinstance(model, tf_keras.Model):
+        return
+    if _is_keras3(model):
+        raise ModelError(f"the {what} is a Keras 3 model; received {type(model).__module__}.{type(model).__name__}. {_KERAS3_FIX}")
+    raise ModelError(
+        f"the {what} must be a compiled tf_keras model or a function that returns one; received "
+        f"{type(model).__name__}. Fix: pass `lambda: build_and_compile()` or a compiled tf_keras model."
+    )
+
+
+@contextlib.contextmanager
+def precision_policy(precision: str):
+    """Sets the Keras dtype policy while the model is built, then restores the previous one."""
+    import tensorflow as tf
+    import tf_keras
+
+    if precision not in PRECISIONS:
+        raise ModelError(f"Invalid `mixed_precision`; received {precision!r}. Fix: use one of {', '.join(PRECISIONS)}.")
+    previous = tf_keras.mixed_precision.global_policy()
+    if precision != "float32":
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            log.warning(
+                "%s on a machine with no GPU: the CPU has no fast path for 16-bit math, so steps may be slower; "
+                "it still saves activation memory", precision,
+            )
+        elif precision == "mixed_float16":
+            capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+            if capability < (7, 0):
+                log.warning("mixed_float16 on a GPU of compute capability %s: no Tensor Cores, little speed-up", capability)
+        tf_keras.mixed_precision.set_global_policy(precision)
+    try:
+        yield
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+
+
+def _rebuild(model, strategy):
+    """Rebuilds a Sequential or functional model inside the strategy's scope."""
+    import tf_keras
+
+    if not (isinstance(model, tf_keras.Sequential) or getattr(model, "_is_graph_network", False)):
+        raise ModelError(
+            f"a subclassed model created outside the strategy's scope cannot be rebuilt in it; received "
+            f"{type(model).__name__}. Fix: pass a function that builds and compiles the model, e.g. "
+            "tfdist.fit(lambda: make_model(), data); tfdist calls it inside the scope."
+        )
+    args = model._get_compile_args(user_metrics=True)
+    with strategy.scope():
+        rebuilt = tf_keras.models.clone_model(model)
+        rebuilt.set_weights(model.get_weights())
+        optimizer = tf_keras.optimizers.deserialize(tf_keras.optimizers.serialize(model.optimizer))
+        rebuilt.compile(
+            optimizer=optimizer,
+            loss=args["loss"],
+            metrics=args["metrics"],
+            loss_weights=args["loss_weights"],
+            weighted_metrics=args["weighted_metrics"],
+            steps_per_execution=args["steps_per_execution"],
+            jit_compile=args["jit_compile"],
+        )
+    log.info("model %s was created outside the strategy's scope: rebuilt inside it with its weights", model.name)
+    return rebuilt
+
+
+def resolve(model: Any, strategy, *, precision: str = "float32"):
+    """Returns a compiled tf_keras model whose variables live in ``strategy``.
+
+    ``model`` is a function that builds and compiles a tf_keras model (called inside the
+    scope), or a compiled tf_keras model (rebuilt inside the scope if it was created outside).
+    """
+    import tf_keras
+
+    # Dropout and augmentation layers keep their random state in tf.random.Generator
+    # variables, which tfdist checkpoints: the numbers drawn after a resume are the same.
+    tf_keras.backend.experimental.enable_tf_random_generator()
+    if callable(model) and not isinstance(model, tf_keras.Model) and not _is_keras3(model):
+        with precision_policy(precision), strategy.scope():
+            built = model()
+        check_tf_keras(built, what="model returned by the builder function")
+    else:
+        check_tf_keras(model)
+        if precision != "float32":
+            raise ModelError(
+                f"mixed_precision={precision!r} needs the model to be built under the policy; received a ready model. "
+                "Fix: pass a function that builds and compiles the model."
+            )
+        built = model
+    if built.optimizer is None or not getattr(built, "compiled_loss", None):
+        raise ModelError(
+            f"the model {built.name!r} is not compiled; received a model without optimizer or loss. "
+            "Fix: call model.compile(optimizer=..., loss=..., metrics=...) in your builder."
+        )
+    if getattr(built, "_distribution_strategy", None) is not strategy:
+        built = _rebuild(built, strategy)
+    for output in built.outputs or []:
+        if output.dtype.name in ("float16", "bfloat16"):
+            log.warning(
+                "model output %s is %s: compute the last layer in float32 (dtype='float32') so the loss stays accurate",
+                output.name, output.dtype.name,
+            )
+    return built
+
+
+def random_generators(model) -> dict[str, Any]:
+    """The tf.random.Generator of every random layer, keyed by layer path (checkpointed state)."""
+    generators = {}
+    legacy = []
+    for index, layer in enumerate(model._flatten_layers(include_self=False)):
+        rng = getattr(layer, "_random_generator", None)
+        if rng is None:
+            continue
+        if getattr(rng, "_generator", None) is not None:
+            generators[f"layer{index}"] = rng._generator  # by position: names differ per process
+        elif getattr(rng, "_rng_type", None) == "legacy_stateful":
+            legacy.append(layer.name)
+    if legacy:
+        log.warning(
+            "layers %s draw random numbers from TensorFlow's global state, which no checkpoint holds: a resumed "
+            "run will not be bit-identical. Fix: pass a builder function so tfdist builds the model.", legacy,
+        )
+    return generators
+
+
+def build_state(model, sample: tuple[np.ndarray, np.ndarray]) -> None:
+    """Creates the optimizer slots and the compiled loss and metric objects now (Keras creates
+    them at the first step), so that a checkpoint restores into them before training starts."""
+    import tensorflow as tf
+
+    x, y = sample
+    with model.distribute_strategy.scope():
+        y_pred = model(tf.constant(x), training=False)
+        model.compiled_loss.build(y_pred)
+        model.compiled_metrics.build(y_pred, tf.constant(y))
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if hasattr(optimizer, "build"):
+            optimizer.build(model.trainable_variables)
+
+
+def install_grad_accumulation(model, steps: int) -> None:
+    """Makes each train step split its batch into ``steps`` micro batches and apply their mean
+    gradient once: one cross-replica reduction and one optimizer iteration per step."""
+    import tensorflow as tf
+    import tf_keras
+
+    if steps == 1:
+        return
+    from tf_keras.src.engine import data_adapter
+
+    optimizer = model.optimizer
+    scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+
+    def train_step(self, data):
+        x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
+        split = lambda t: None if t is None else tf.reshape(t, tf.concat([[steps, -1], tf.shape(t)[1:]], 0))  # noqa: E731
+        xs, ys, ws = split(x), split(y), split(sample_weight)
+        variables = self.trainable_variables
+        total = [tf.zeros_like(v) for v in variables]
+        for i in tf.range(steps):
+            xi, yi = xs[i], ys[i]
+            wi = None if ws is None else ws[i]
+            with tf.GradientTape() as tape:
+                y_pred = self(xi, training=True)
+                loss = self.compute_loss(xi, yi, y_pred, wi)
+                if scaled:
+                    loss = optimizer.get_scaled_loss(loss)
+            grads = tape.gradient(loss, variables)
+            if scaled:
+                grads = optimizer.get_unscaled_gradients(grads)
+            total = [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
+            self.compute_metrics(xi, yi, y_pred, wi)
+        optimizer.apply_gradients(zip([t / steps for t in total], variables))
+        return self.get_metrics_result()
+
+    model.train_step = types.MethodType(train_step, model)
+    model.train_function = None  # retrace with the new step
+    log.info("gradient accumulation: %d micro batches per optimizer step", steps)
+

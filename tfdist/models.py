@@ -1,0 +1,89 @@
+"""Built-in models, by name: what `tfdist train --model` and `tfdist plan --model` refer to."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from tfdist.errors import ModelError
+
+
+def _cnn(input_shape: Sequence[int], num_classes: int, keras):
+    """A small CNN with dropout (the default; ~0.98 validation accuracy on digits)."""
+    layers = keras.layers
+    inputs = keras.Input(shape=tuple(input_shape))
+    x = inputs if len(input_shape) == 3 else layers.Reshape(tuple(input_shape) + (1,))(inputs)
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D(2)(x)
+    x = layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dropout(0.25)(x)
+    x = layers.Dense(64, activation="relu")(x)
+    outputs = layers.Dense(num_classes, dtype="float32")(x)  # logits stay float32 under mixed precision
+    return keras.Model(inputs, outputs, name="cnn")
+
+
+def _mlp(input_shape: Sequence[int], num_classes: int, keras):
+    """A two-layer perceptron with dropout."""
+    layers = keras.layers
+    inputs = keras.Input(shape=tuple(input_shape))
+    x = layers.Flatten()(inputs)
+    x = layers.Dense(128, activation="relu")(x)
+    x = layers.Dropout(0.2)(x)
+    outputs = layers.Dense(num_classes, dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="mlp")
+
+
+def _linear(input_shape: Sequence[int], num_classes: int, keras):
+    """Softmax regression: one dense layer (exact arithmetic checks, e.g. accumulation)."""
+    inputs = keras.Input(shape=tuple(input_shape))
+    outputs = keras.layers.Dense(num_classes, dtype="float32")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, outputs, name="linear")
+
+
+def _wide(input_shape: Sequence[int], num_classes: int, keras):
+    """A wide perceptron of ~50M parameters: a checkpoint of ~600 MB with Adam (benchmarks)."""
+    layers = keras.layers
+    inputs = keras.Input(shape=tuple(input_shape))
+    x = layers.Flatten()(inputs)
+    x = layers.Dense(7000, activation="relu")(x)
+    x = layers.Dense(7000, activation="relu")(x)
+    outputs = layers.Dense(num_classes, dtype="float32")(x)
+    return keras.Model(inputs, outputs, name="wide")
+
+
+MODELS: dict[str, Callable] = {"cnn": _cnn, "mlp": _mlp, "linear": _linear, "wide": _wide}
+DEFAULT_MODEL = "cnn"
+
+
+def build(name: str, *, input_shape: Sequence[int], num_classes: int):
+    """Builds the uncompiled built-in model ``name`` (call it inside a strategy's scope)."""
+    import tf_keras
+
+    if name not in MODELS:
+        raise ModelError(f"unknown built-in model; received model={name!r}. Fix: use one of {', '.join(MODELS)}.")
+    return MODELS[name](input_shape, num_classes, tf_keras)
+
+
+def compile_default(model, *, learning_rate: float = 1e-3):
+    """Adam, sparse categorical cross-entropy on logits, accuracy."""
+    import tf_keras
+
+    model.compile(
+        optimizer=tf_keras.optimizers.Adam(learning_rate),
+        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def builder(name: str, *, input_shape: Sequence[int], num_classes: int, learning_rate: float = 1e-3) -> Callable:
+    """A function that builds and compiles the built-in model, for `tfdist.fit(model=...)`."""
+    if name not in MODELS:
+        raise ModelError(f"unknown built-in model; received model={name!r}. Fix: use one of {', '.join(MODELS)}.")
+
+    def build_and_compile():
+        return compile_default(build(name, input_shape=input_shape, num_classes=num_classes), learning_rate=learning_rate)
+
+    build_and_compile.__name__ = f"build_{name}"
+    return build_and_compile

@@ -1,0 +1,441 @@
+"""Tests of ``tfdist launch``: options, TF_CONFIG of each task, output, restart policy, signals.
+
+Tasks are tiny Python scripts (no TensorFlow). Each records its pid under ``tmp_path``; the
+``task_script`` fixture kills any of them still alive after the test.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfdist import env
+from tfdist.cluster import parse_tf_config
+from tfdist.errors import LaunchError
+from tfdist.launch import Launcher, LaunchOptions, exit_code_of
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# Every task script starts with this: who am I, which restart, and a pid record.
+_PRELUDE = """\
+import json, os, pathlib, signal, subprocess, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+role, index = cfg["task"]["type"], cfg["task"]["index"]
+restart = int(os.environ["TFDIST_RESTART"])
+tmp = pathlib.Path(sys.argv[1])
+
+def record(kind, text=""):
+    with open(tmp / f"{kind}-{role}-{index}.log", "a") as f:
+        f.write(f"{text}\\n")
+
+def lines(kind, task):
+    path = tmp / f"{kind}-{task}.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+record("pid", os.getpid())
+"""
+
+
+@pytest.fixture
+def task_script(tmp_path):
+    """Returns make(body) -> the command running ``_PRELUDE + body``; kills leftovers after the test."""
+    scripts = []
+
+    def make(body: str) -> list[str]:
+        path = tmp_path / f"task{len(scripts)}.py"
+        path.write_text(_PRELUDE + body)
+        scripts.append(str(path))
+        return [sys.executable, str(path), str(tmp_path)]
+
+    yield make
+    for pid in _recorded_pids(tmp_path):
+        try:
+            cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if any(script in cmdline for script in scripts):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _recorded_pids(tmp_path: pathlib.Path, pattern: str = "pid-*.log") -> list[int]:
+    return [int(line) for path in tmp_path.glob(pattern) for line in path.read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _launch(command, **options):
+    options.setdefault("grace", 2.0)
+    out, err = io.StringIO(), io.StringIO()
+    launcher = Launcher(options=LaunchOptions(command=command, **options), stdout=out, stderr=err)
+    result = launcher.run()
+    return result, out.getvalue(), err.getvalue()
+
+
+def _configs(out: str) -> dict[tuple[int, str], dict]:
+    """(restart, task name) -> TF_CONFIG, from lines printed as ``CONFIG <restart> <json>``."""
+    configs = {}
+    for match in re.finditer(r"^\[(\w+:\d+)\] CONFIG (\d+) (\{.*\})$", out, re.M):
+        configs[int(match.group(2)), match.group(1)] = json.loads(match.group(3))
+    return configs
+
+
+def _ports(config: dict) -> list[int]:
+    return [int(a.rsplit(":", 1)[1]) for addrs in config["cluster"].values() for a in addrs]
+
+
+_PRINT_CONFIG = 'print("CONFIG", restart, os.environ["TF_CONFIG"])\n'
+
+
+# --- options -------------------------------------------------------------------------
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        ({"workers": 0}, "--workers"),
+        ({"workers": "2"}, "--workers"),
+        ({"ps": -1}, "--ps"),
+        ({"max_restarts": -1}, "--max-restarts"),
+        ({"port_base": 0}, "--port-base"),
+        ({"port_base": 65535, "workers": 2}, "--port-base"),
+        ({"host": "bad host"}, "--host"),
+        ({"grace": 0}, "--grace"),
+        ({"startup_timeout": -5}, "--startup-timeout"),
+        ({"command": []}, "COMMAND"),
+        ({"command": "python train.py"}, "COMMAND"),
+    ],
+)
+def test_invalid_options_name_the_flag_the_value_and_the_fix(kwargs, flag):
+    kwargs = {"command": ["python"], **kwargs}
+    with pytest.raises(LaunchError) as info:
+        LaunchOptions(**kwargs)
+    message = str(info.value)
+    assert flag in message and "received" in message and "Fix:" in message
+    assert "\n" not in message
+
+
+@pytest.mark.timeout(10)
+def test_ps_implies_a_chief_and_jobs_are_ordered():
+    options = LaunchOptions(command=["x"], workers=2, ps=1, evaluator=True)
+    assert options.has_chief and options.is_parameter_server
+    assert options.job_sizes() == {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1}
+    assert options.num_tasks == 5
+    assert LaunchOptions(command=["x"], workers=3).job_sizes() == {"worker": 3}
+    assert LaunchOptions(command=("x", "y")).command == ("x", "y")
+
+
+@pytest.mark.timeout(10)
+def test_exit_code_of_a_killed_process_is_128_plus_the_signal():
+    assert exit_code_of(0) == 0
+    assert exit_code_of(75) == 75
+    assert exit_code_of(-signal.SIGTERM) == 128 + signal.SIGTERM
+
+
+# --- one clean run -----------------------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_every_task_gets_its_own_valid_tf_config_on_free_ports(task_script):
+    command = task_script(
+        _PRINT_CONFIG
+        + """
+import socket
+host, port = cfg["cluster"][role][index].rsplit(":", 1)
+with socket.socket() as s:
+    s.bind((host, int(port)))  # the port handed to this task is free
+print("env", os.environ["PYTHONUNBUFFERED"], os.environ["TFDIST_STARTUP_TIMEOUT"], file=sys.stderr)
+"""
+    )
+    result, out, err = _launch(command, workers=2, chief=True, evaluator=True, startup_timeout=7)
+    assert result.exit_code == 0 and result.restarts == 0, err
+
+    configs = _configs(out)
+    names = {"chief:0", "worker:0", "worker:1", "evaluator:0"}
+    assert {name for _, name in configs} == names
+    clusters = {json.dumps(c["cluster"], sort_keys=True) for c in configs.values()}
+    assert len(clusters) == 1, "every task must see the same cluster"
+    for (_, name), config in configs.items():
+        spec = parse_tf_config(config)
+        assert spec.task_name == name
+        assert all(a.startswith("127.0.0.1:") for addrs in spec.jobs.values() for a in addrs)
+    ports = _ports(next(iter(configs.values())))
+    assert len(ports) == len(set(ports)) == 4
+    for name in names:
+        assert f"[{name}] env 1 7" in err.splitlines()
+
+
+@pytest.mark.timeout(30)
+def test_output_lines_are_prefixed_with_role_and_index(task_script):
+    command = task_script('print(f"out {role}"); print("err line", file=sys.stderr); print("no newline", end="")\n')
+    result, out, err = _launch(command, workers=2)
+    assert result.exit_code == 0
+    out_lines, err_lines = out.splitlines(), err.splitlines()
+    for index in (0, 1):
+        assert f"[worker:{index}] out worker" in out_lines
+        assert f"[worker:{index}] no newline" in out_lines
+        assert f"[worker:{index}] err line" in err_lines
+    assert all(line.startswith("[worker:") for line in out_lines + err_lines)
+
+
+# --- synchronous jobs -----------------------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_a_task_that_fails_once_restarts_the_whole_cluster_on_fresh_ports(task_script, tmp_path):
+    command = task_script(
+        _PRINT_CONFIG
+        + """
+marker = tmp / "failed-once"
+if role == "worker" and index == 1 and not marker.exists():
+    marker.write_text("x")
+    sys.exit(1)
+"""
+    )
+    result, out, err = _launch(command, workers=2)
+    assert (result.exit_code, result.restarts) == (0, 1), err
+    configs = _configs(out)
+    assert {c["task"]["type"] for c in configs.values()} == {"worker"}
+    first = set(_ports(configs[0, "worker:1"]))
+    second = set(_ports(configs[1, "worker:1"]))
+    assert first.isdisjoint(second), "a restart must use fresh ports"
+    assert len(_recorded_pids(tmp_path, "pid-worker-0.log")) == 2  # worker 0 restarted too
+
+
+@pytest.mark.timeout(30)
+def test_restarts_with_port_base_use_consecutive_fresh_ports(task_script):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        base = s.getsockname()[1]
+    base = min(base, 65000)
+    command = task_script(_PRINT_CONFIG + "sys.exit(1 if restart == 0 else 0)\n")
+    result, out, _ = _launch(command, workers=2, port_base=base)
+    assert (result.exit_code, result.restarts) == (0, 1)
+    configs = _configs(out)
+    first, second = _ports(configs[0, "worker:0"]), _ports(configs[1, "worker:0"])
+    assert all(port >= base for port in first + second)
+    assert set(first).isdisjoint(second)
+
+
+@pytest.mark.timeout(30)
+def test_a_task_that_always_fails_gives_up_after_max_restarts(task_script, tmp_path):
+    command = task_script('record("attempt", restart)\nsys.exit(3)\n')
+    result, _, _ = _launch(command, workers=2, max_restarts=2)
+    assert (result.exit_code, result.restarts) == (3, 2)
+    assert (tmp_path / "attempt-worker-0.log").read_text().split() == ["0", "1", "2"]
+    assert "exit code 3, 2 cluster restart(s)" in result.summary()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("max_restarts, expected", [(1, (0, 1)), (0, (env.EXIT_PREEMPTED, 0))])
+def test_exit_code_75_counts_as_a_restart(task_script, max_restarts, expected):
+    command = task_script("sys.exit(75 if restart == 0 and role == 'worker' and index == 0 else 0)\n")
+    result, _, _ = _launch(command, workers=1, chief=True, max_restarts=max_restarts)
+    assert (result.exit_code, result.restarts) == expected
+
+
+@pytest.mark.timeout(30)
+def test_a_failure_stops_the_others_and_sigkills_after_the_grace_period(task_script, tmp_path, caplog):
+    command = task_script(
+        """
+if index == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    record("ready")
+    time.sleep(60)
+else:
+    wait_for(lambda: lines("ready", "worker-0"))
+    sys.exit(4)
+"""
+    )
+    start = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="tfdist.launch"):
+        result, _, _ = _launch(command, workers=2, max_restarts=0, grace=0.5)
+    assert (result.exit_code, result.restarts) == (4, 0)
+    assert time.monotonic() - start < 15
+    assert "SIGKILL" in caplog.text and "worker:1 exited with code 4" in caplog.text
+    assert not any(_alive(pid) for pid in _recorded_pids(tmp_path))
+
+
+@pytest.mark.timeout(30)
+def test_what_a_task_leaves_behind_is_killed_with_its_process_group(task_script, tmp_path):
+    command = task_script(
+        """
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+(tmp / "grandchild").write_text(str(child.pid))
+"""
+    )
+    result, _, _ = _launch(command, workers=1)
+    assert result.exit_code == 0
+    grandchild = int((tmp_path / "grandchild").read_text())
+    assert wait_until(lambda: not _alive(grandchild))
+
+
+@pytest.mark.timeout(30)
+def test_an_evaluator_crash_does_not_restart_the_cluster(task_script):
+    command = task_script(
+        """
+if role == "evaluator":
+    sys.exit(1)
+wait_for(lambda: lines("pid", "evaluator-0"))
+time.sleep(0.3)
+"""
+    )
+    result, _, _ = _launch(command, workers=1, evaluator=True)
+    assert (result.exit_code, result.restarts) == (0, 0)
+
+
+# --- parameter-server jobs --------------------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_ps_job_ends_when_the_chief_exits_0_and_stops_the_servers(task_script, tmp_path):
+    command = task_script(
+        _PRINT_CONFIG
+        + """
+if role == "chief":
+    wait_for(lambda: len(list(tmp.glob("pid-*.log"))) == 5)
+    sys.exit(0)
+time.sleep(60)  # ps, workers and the evaluator serve forever
+"""
+    )
+    start = time.monotonic()
+    result, out, _ = _launch(command, workers=2, ps=1, evaluator=True)
+    assert (result.exit_code, result.restarts, result.worker_restarts) == (0, 0, 0)
+    assert time.monotonic() - start < 15
+    config = _configs(out)[0, "chief:0"]
+    assert sorted(config["cluster"]) == ["chief", "evaluator", "ps", "worker"]
+    assert parse_tf_config(config).num_ps == 1
+    assert not any(_alive(pid) for pid in _recorded_pids(tmp_path))
+
+
+@pytest.mark.timeout(30)
+def test_ps_job_restarts_a_dead_worker_alone_while_the_chief_goes_on(task_script, tmp_path):
+    command = task_script(
+        """
+if role == "worker" and index == 1:
+    record("start", os.environ["TF_CONFIG"])
+    marker = tmp / "worker-1-died"
+    if not marker.exists():
+        marker.write_text("x")
+        sys.exit(1)
+elif role == "chief":
+    sys.exit(0 if wait_for(lambda: len(lines("start", "worker-1")) == 2) else 9)
+time.sleep(60)
+"""
+    )
+    result, _, _ = _launch(command, workers=2, ps=1)
+    assert (result.exit_code, result.restarts, result.worker_restarts) == (0, 0, 1)
+    assert len(_recorded_pids(tmp_path, "pid-chief-0.log")) == 1, "the chief must not restart"
+    assert len(_recorded_pids(tmp_path, "pid-ps-0.log")) == 1
+    assert len(_recorded_pids(tmp_path, "pid-worker-0.log")) == 1
+    first, second = (tmp_path / "start-worker-1.log").read_text().splitlines()
+    assert first == second, "a lone restart keeps the worker's TF_CONFIG and port"
+
+
+@pytest.mark.timeout(30)
+def test_ps_job_restarts_the_whole_cluster_when_a_ps_dies(task_script):
+    command = task_script(
+        """
+if role == "ps" and restart == 0:
+    sys.exit(1)
+if role == "chief" and restart == 1:
+    sys.exit(0)
+time.sleep(60)
+"""
+    )
+    result, _, _ = _launch(command, workers=1, ps=1)
+    assert (result.exit_code, result.restarts, result.worker_restarts) == (0, 1, 0)
+
+
+@pytest.mark.timeout(30)
+def test_ps_job_worker_out_of_lone_restarts_restarts_the_cluster_then_gives_up(task_script):
+    command = task_script("sys.exit(5 if role == 'worker' else time.sleep(60))\n")
+    result, _, _ = _launch(command, workers=1, ps=1, max_restarts=1)
+    assert (result.exit_code, result.restarts, result.worker_restarts) == (5, 1, 2)
+
+
+# --- the command line -------------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfdist", "launch", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(predicate, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_is_forwarded_and_it_exits(task_script, tmp_path, signum):
+    command = task_script("time.sleep(60)\n")
+    launcher = _cli("--workers", "2", "--grace", "5", "--", *command)
+    try:
+        assert wait_until(lambda: len(_recorded_pids(tmp_path)) == 2), "the tasks did not start"
+        launcher.send_signal(signum)
+        _, stderr = launcher.communicate(timeout=20)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate(timeout=5)
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr  # worker 0's exit after SIGTERM
+    assert f"stopped by {signal.Signals(signum).name}" in stderr
+    assert "Traceback" not in stderr
+    assert not any(_alive(pid) for pid in _recorded_pids(tmp_path))
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--workers", "0", "--", "python"], "--workers"),
+        (["--workers", "two", "--", "python"], "--workers"),
+        (["--workers", "1", "--max-restarts", "-1", "--", "python"], "--max-restarts"),
+        (["--workers", "1", "--port-base", "70000", "--", "python"], "--port-base"),
+        (["--workers", "1", "--"], "COMMAND"),
+        (["--", "python"], "--workers"),
+    ],
+)
+def test_invalid_flags_give_a_one_line_error_and_exit_code_2(args, flag):
+    process = _cli(*args)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == env.EXIT_USAGE
+    assert stdout == ""
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert stderr.startswith("tfdist: error: ") and flag in stderr
+
+
+@pytest.mark.timeout(30)
+def test_the_cli_runs_a_job_and_exits_with_its_code(task_script):
+    command = task_script("sys.exit(3 if index == 0 else 0)\n")
+    process = _cli("--workers", "2", "--max-restarts", "0", "--", *command)
+    _, stderr = process.communicate(timeout=25)
+    assert process.returncode == 3
+    assert "launch finished: exit code 3, 0 cluster restart(s)" in stderr

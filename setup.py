@@ -21,6 +21,7 @@ setup(
         "tf-keras>=2.16,<2.22",
         "tensorflow-datasets>=4.9",
         "absl-py>=1.0",
+        "tensorboard>=2.16",
         "scikit-learn>=1.2",
         "pyyaml>=6.0",
         "matplotlib>=3.7",

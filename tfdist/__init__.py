@@ -29,8 +29,8 @@ _LAZY = {
     "split_cpu": "tfdist.strategy",
     "detect_cluster": ("tfdist.cluster", "detect"),
     "ClusterSpec": "tfdist.cluster",
-    "plan": "tfdist.plan",
-    "Plan": "tfdist.plan",
+    "plan": "tfdist.planner",
+    "Plan": "tfdist.planner",
 }
 
 __all__ = [
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import ClusterSpec
     from tfdist.cluster import detect as detect_cluster
     from tfdist.fit import fit
-    from tfdist.plan import Plan, plan
+    from tfdist.planner import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu
 
 

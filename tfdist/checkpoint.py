@@ -143,6 +143,12 @@ def checkpoint_paths(directory: str) -> list[str]:
     return [p if os.path.isabs(p) else os.path.join(directory, p) for p in paths if p]
 
 
+def latest_metadata(directory: str) -> dict | None:
+    """The metadata of the newest complete checkpoint in ``directory``, if any."""
+    paths = checkpoint_paths(directory) if os.path.isdir(directory) else []
+    return read_metadata(paths[-1]) if paths else None
+
+
 def checkpoint_files(prefix: str) -> list[str]:
     return sorted(glob.glob(glob.escape(prefix) + ".index") + glob.glob(glob.escape(prefix) + ".data-*"))
 
@@ -276,6 +282,8 @@ class Checkpointer:
         finally:
             if not self.is_chief:
                 shutil.rmtree(self.directory, ignore_errors=True)
+        if self.is_chief and self.last_saved_step is not None:
+            self._remove_orphan_metadata(keep="")
 
     # --- reading -------------------------------------------------------------------------
     def _check_compatible(self, path: str, metadata: dict | None) -> None:

@@ -24,7 +24,7 @@ from tfdist.errors import ClusterConfigError
 CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"
 ROLES = (CHIEF, WORKER, PS, EVALUATOR)
 _ALIASES = {"master": CHIEF}  # Kubeflow's TFJob (and TF 1.x Estimator) call the chief "master".
-_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$")
+ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})$")
 
 _TF_CONFIG_EXAMPLE = (
     '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 0}}'
@@ -111,57 +111,58 @@ class ClusterSpec:
         return f"{', '.join(parts)} from {self.source}; this task is {self.task_name}"
 
 
-def _fail(where: str, field: str, received: Any, fix: str) -> ClusterConfigError:
+def config_error(where: str, field: str, received: Any, fix: str) -> ClusterConfigError:
+    """The one-line error for an invalid cluster field: where, which field, the value, the fix."""
     return ClusterConfigError(f"{where}: invalid {field}; received {received!r}. Fix: {fix}")
 
 
 def _validate(jobs: dict[str, tuple[str, ...]], task_type, task_index, *, where: str) -> None:
     if not jobs:
         if task_type is not None:
-            raise _fail(where, "task", task_type, "a task needs a cluster; give \"cluster\" too.")
+            raise config_error(where, "task", task_type, "a task needs a cluster; give \"cluster\" too.")
         return
     seen: dict[str, str] = {}
     for role, addresses in jobs.items():
         if role not in ROLES:
-            raise _fail(
+            raise config_error(
                 where, "role in cluster", role, f"use one of {', '.join(ROLES)} (or 'master' for the chief)."
             )
         if not addresses:
-            raise _fail(where, f"cluster.{role}", [], f"list at least one address for '{role}' or remove it.")
+            raise config_error(where, f"cluster.{role}", [], f"list at least one address for '{role}' or remove it.")
         for i, address in enumerate(addresses):
-            if not isinstance(address, str) or not _ADDRESS.match(address):
-                raise _fail(where, f"address cluster.{role}[{i}]", address, "write it as host:port, e.g. 'host1:2222'.")
-            port = int(_ADDRESS.match(address).group("port"))
+            if not isinstance(address, str) or not ADDRESS.match(address):
+                raise config_error(where, f"address cluster.{role}[{i}]", address, "write it as host:port, e.g. 'host1:2222'.")
+            port = int(ADDRESS.match(address).group("port"))
             if not 0 < port < 65536:
-                raise _fail(where, f"port of cluster.{role}[{i}]", address, "use a port between 1 and 65535.")
+                raise config_error(where, f"port of cluster.{role}[{i}]", address, "use a port between 1 and 65535.")
             if address in seen:
-                raise _fail(
+                raise config_error(
                     where, f"address cluster.{role}[{i}]", address,
                     f"it is already used by {seen[address]}; give every task its own host:port.",
                 )
             seen[address] = f"{role}[{i}]"
     for role in (CHIEF, EVALUATOR):
         if len(jobs.get(role, ())) > 1:
-            raise _fail(where, f"cluster.{role}", list(jobs[role]), f"a cluster has at most one {role}.")
+            raise config_error(where, f"cluster.{role}", list(jobs[role]), f"a cluster has at most one {role}.")
     if PS in jobs and CHIEF not in jobs:
-        raise _fail(
+        raise config_error(
             where, "cluster", sorted(jobs),
             "a 'ps' job needs a 'chief' to coordinate the training; add \"chief\": [\"host:port\"].",
         )
     if PS in jobs and WORKER not in jobs:
-        raise _fail(where, "cluster", sorted(jobs), "a 'ps' job needs at least one 'worker' to run the steps.")
+        raise config_error(where, "cluster", sorted(jobs), "a 'ps' job needs at least one 'worker' to run the steps.")
     if task_type is None:
-        raise _fail(where, "task", None, 'add "task": {"type": "worker", "index": 0} naming this process.')
+        raise config_error(where, "task", None, 'add "task": {"type": "worker", "index": 0} naming this process.')
     if task_type not in ROLES:
-        raise _fail(where, "task.type", task_type, f"use one of {', '.join(ROLES)} (or 'master').")
+        raise config_error(where, "task.type", task_type, f"use one of {', '.join(ROLES)} (or 'master').")
     if task_type not in jobs:
-        raise _fail(
+        raise config_error(
             where, "task.type", task_type, f"the cluster has no '{task_type}' job; it has {', '.join(sorted(jobs))}."
         )
     if not isinstance(task_index, int) or isinstance(task_index, bool):
-        raise _fail(where, "task.index", task_index, "give the task's index as an integer, e.g. 0.")
+        raise config_error(where, "task.index", task_index, "give the task's index as an integer, e.g. 0.")
     if not 0 <= task_index < len(jobs[task_type]):
-        raise _fail(
+        raise config_error(
             where, "task.index", task_index,
             f"the '{task_type}' job has {len(jobs[task_type])} task(s), so use 0..{len(jobs[task_type]) - 1}.",
         )
@@ -181,35 +182,35 @@ def parse_tf_config(raw: str | Mapping[str, Any], *, where: str = "TF_CONFIG") -
     else:
         config = raw
     if not isinstance(config, dict):
-        raise _fail(where, "value", config, f"set it to a JSON object such as {_TF_CONFIG_EXAMPLE}")
+        raise config_error(where, "value", config, f"set it to a JSON object such as {_TF_CONFIG_EXAMPLE}")
     unknown = set(config) - {"cluster", "task", "environment", "rpc_layer"}
     if unknown:
-        raise _fail(where, "key", sorted(unknown)[0], "use only the keys cluster, task, environment and rpc_layer.")
+        raise config_error(where, "key", sorted(unknown)[0], "use only the keys cluster, task, environment and rpc_layer.")
     cluster = config.get("cluster", {})
     if not isinstance(cluster, dict):
-        raise _fail(where, "cluster", cluster, 'make "cluster" an object of role -> list of "host:port".')
+        raise config_error(where, "cluster", cluster, 'make "cluster" an object of role -> list of "host:port".')
     jobs: dict[str, tuple[str, ...]] = {}
     for role, addresses in cluster.items():
         canonical = _ALIASES.get(role, role)
         if canonical in jobs:
-            raise _fail(where, "cluster", sorted(cluster), "give the chief once, as 'chief' or as 'master'.")
+            raise config_error(where, "cluster", sorted(cluster), "give the chief once, as 'chief' or as 'master'.")
         if isinstance(addresses, str) or not isinstance(addresses, (list, tuple)):
-            raise _fail(where, f"cluster.{role}", addresses, f'make it a list, e.g. "{role}": ["host1:2222"].')
+            raise config_error(where, f"cluster.{role}", addresses, f'make it a list, e.g. "{role}": ["host1:2222"].')
         jobs[canonical] = tuple(addresses)
     task = config.get("task")
     if task is None:
         if not jobs:
             return ClusterSpec(source=where)
-        raise _fail(where, "task", None, 'add "task": {"type": "worker", "index": 0} naming this process.')
+        raise config_error(where, "task", None, 'add "task": {"type": "worker", "index": 0} naming this process.')
     if not isinstance(task, dict):
-        raise _fail(where, "task", task, 'make "task" an object such as {"type": "worker", "index": 0}.')
+        raise config_error(where, "task", task, 'make "task" an object such as {"type": "worker", "index": 0}.')
     if "type" not in task:
-        raise _fail(where, "task.type", None, 'add the role of this process, e.g. "type": "worker".')
+        raise config_error(where, "task.type", None, 'add the role of this process, e.g. "type": "worker".')
     task_type = _ALIASES.get(task["type"], task["type"])
     task_index = task.get("index", 0)
     environment = config.get("environment")
     if environment is not None and not isinstance(environment, str):
-        raise _fail(where, "environment", environment, 'use a string such as "cloud", or drop the key.')
+        raise config_error(where, "environment", environment, 'use a string such as "cloud", or drop the key.')
     return ClusterSpec(
         jobs=jobs,
         task_type=task_type,
@@ -226,9 +227,11 @@ def _parse_slurm_jobs(raw: str) -> dict[str, int]:
         role, _, count = part.strip().partition(":")
         role = _ALIASES.get(role, role)
         if role not in ROLES or not count.isdigit() or int(count) < 1:
-            raise _fail(
+            raise config_error(
                 env.TFDIST_SLURM_JOBS, "role:count", part, "write it as e.g. 'chief:1,worker:2,ps:1'."
             )
+        if role in jobs:
+            raise config_error(env.TFDIST_SLURM_JOBS, "role", role, f"name each role once; '{role}' appears twice.")
         jobs[role] = int(count)
     return jobs
 
@@ -236,21 +239,25 @@ def _parse_slurm_jobs(raw: str) -> dict[str, int]:
 def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster of an ``srun`` step with more than one task, or None outside one.
 
-    Tasks are given roles by TensorFlow's SlurmClusterResolver: ranks fill the roles in
-    alphabetical order (chief, ps, worker), each task on port ``TFDIST_PORT_BASE`` plus its
-    rank on the node.
+    Hosts come from TensorFlow's Slurm helpers (``expand_hostlist``,
+    ``expand_tasks_per_node``), kept in Slurm's node-list order: rank r runs on the r-th
+    task slot of that list (block distribution), at port ``TFDIST_PORT_BASE`` plus its slot
+    on the node. TensorFlow's ``SlurmClusterResolver`` itself is not used because it sorts
+    host names as strings (node10 before node9), which gives ranks another node's address.
+    Ranks fill the roles in alphabetical order (chief, evaluator, ps, worker), as that
+    resolver does.
     """
     if env.get(env.SLURM_JOB_ID, environ) is None or env.get(env.SLURM_PROCID, environ) is None:
         return None
     num_tasks = env.get(env.SLURM_STEP_NUM_TASKS, environ) or env.get(env.SLURM_NTASKS, environ) or "1"
     if not num_tasks.isdigit():
-        raise _fail("Slurm", env.SLURM_STEP_NUM_TASKS, num_tasks, "run tfdist inside an srun step.")
+        raise config_error("Slurm", env.SLURM_STEP_NUM_TASKS, num_tasks, "run tfdist inside an srun step.")
     if int(num_tasks) < 2:
         return None
     nodelist = env.get(env.SLURM_STEP_NODELIST, environ) or env.get(env.SLURM_JOB_NODELIST, environ)
     tasks_per_node = env.get(env.SLURM_STEP_TASKS_PER_NODE, environ)
     if nodelist is None or tasks_per_node is None:
-        raise _fail(
+        raise config_error(
             "Slurm", "SLURM_STEP_NODELIST/SLURM_STEP_TASKS_PER_NODE", None,
             "start the tasks with srun, which sets both; or set TF_CONFIG instead.",
         )
@@ -259,33 +266,28 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
     jobs_raw = env.get(env.TFDIST_SLURM_JOBS, environ)
     jobs = _parse_slurm_jobs(jobs_raw) if jobs_raw else {WORKER: int(num_tasks)}
     if sum(jobs.values()) != int(num_tasks):
-        raise _fail(
+        raise config_error(
             env.TFDIST_SLURM_JOBS, "number of tasks", jobs_raw,
             f"the roles must add up to the {num_tasks} tasks of the srun step.",
         )
+    port_base = int(env.get(env.TFDIST_PORT_BASE, environ) or env.DEFAULT_SLURM_PORT_BASE)
     hosts = slurm.expand_hostlist(nodelist)
     per_node = slurm.expand_tasks_per_node(tasks_per_node)
-    port_base = int(env.get(env.TFDIST_PORT_BASE, environ) or env.DEFAULT_SLURM_PORT_BASE)
-    # GPUs are not allocated here: CUDA_VISIBLE_DEVICES stays as Slurm set it.
-    class _Resolver(slurm.SlurmClusterResolver):
-        def _resolve_own_rank(self):  # the base class reads os.environ; use `environ`
-            return int(environ[env.SLURM_PROCID])
-
-    resolver = _Resolver(
-        jobs=jobs,
-        port_base=port_base,
-        gpus_per_node=max(per_node),
-        gpus_per_task=1,
-        tasks_per_node=dict(zip(hosts, per_node)),
-        auto_set_gpu=False,
-    )
-    spec = resolver.cluster_spec().as_dict()
-    return ClusterSpec(
-        jobs={role: tuple(addrs) for role, addrs in spec.items()},
-        task_type=resolver.task_type,
-        task_index=resolver.task_id,
-        source="Slurm",
-    )
+    addresses = [f"{host}:{port_base + slot}" for host, count in zip(hosts, per_node) for slot in range(count)]
+    if len(addresses) != int(num_tasks):
+        raise config_error(
+            "Slurm", env.SLURM_STEP_TASKS_PER_NODE, tasks_per_node,
+            f"it must place the {num_tasks} tasks of the step on {nodelist}; run tfdist under srun.",
+        )
+    rank = int(environ[env.SLURM_PROCID])
+    cluster: dict[str, tuple[str, ...]] = {}
+    task_type, task_index, first = None, None, 0
+    for role in sorted(jobs):
+        cluster[role] = tuple(addresses[first : first + jobs[role]])
+        if first <= rank < first + jobs[role]:
+            task_type, task_index = role, rank - first
+        first += jobs[role]
+    return ClusterSpec(jobs=cluster, task_type=task_type, task_index=task_index, source="Slurm")
 
 
 def detect(environ: Mapping[str, str] | None = None) -> ClusterSpec:

@@ -23,7 +23,8 @@ SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
 SLURM_STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"
 
 TFDIST_SLURM_JOBS = "TFDIST_SLURM_JOBS"
-"""Roles of the Slurm tasks in order, e.g. ``chief:1,worker:2,ps:1``; default: all workers."""
+"""Roles of the Slurm tasks, e.g. ``chief:1,worker:2,ps:1``; ranks fill them in alphabetical
+order of role (chief, evaluator, ps, worker). Default: every task a worker."""
 
 TFDIST_PORT_BASE = "TFDIST_PORT_BASE"
 """First port of the tasks on a Slurm node (default 8888, as TensorFlow's resolver)."""

@@ -64,12 +64,16 @@ class _StartAt:
 
 def _training_callback_class():
     import tf_keras
+    from tf_keras.src.utils import tf_utils
 
     class TrainingCallback(tf_keras.callbacks.Callback):
         """Counts global steps, resumes mid-epoch, saves, and answers preemption."""
 
         def __init__(self, *, plan, start_step, checkpointer, checkpoint_options, watcher, agree_strategy, history):
             super().__init__()
+            # Batch logs are never read here, so tf_keras may pass them unresolved: this is
+            # what lets the batch hooks (step-level saves) run under ParameterServerStrategy.
+            self._supports_tf_logs = True
             self._plan = plan
             self._start_step = start_step
             self._ckpt = checkpointer
@@ -133,7 +137,8 @@ def _training_callback_class():
                 raise Preempted(step, self._watcher.signal_name or "another worker's signal")
 
         def on_epoch_end(self, epoch, logs=None):
-            self.history.append({k: float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0})
+            logs = tf_utils.sync_to_numpy_or_python_type(logs or {})
+            self.history.append({k: float(v) for k, v in logs.items() if np.ndim(v) == 0})
             self._save(complete=self.global_step >= self._plan.total_steps)
 
         def on_train_end(self, logs=None):
@@ -254,6 +259,8 @@ def fit(
                 "BackupAndRestore conflicts with tfdist's own checkpoints; received it in callbacks. "
                 "Fix: remove it and pass checkpoint_dir= (tfdist resumes at the exact batch)."
             )
+    if seed is None and checkpoint_dir is not None and resume:
+        seed = (ckpt_mod.latest_metadata(checkpoint_dir) or {}).get("seed")  # continue the run's own order
     seed = _set_seed(seed, deterministic)
     strat = strategy_mod.make_strategy(
         strategy_name_given or strategy,
@@ -266,6 +273,8 @@ def fit(
     name = strategy_mod.name_of(strat)
     parameter_server = name == strategy_mod.PARAMETER_SERVER
     multi_worker = name == strategy_mod.MULTI_WORKER_MIRRORED and cluster.num_workers > 1
+    # Tasks that run training steps (under parameter servers the chief only coordinates).
+    num_workers = len(cluster.jobs.get("worker", ())) if parameter_server else max(cluster.num_workers, 1)
     is_chief = cluster.is_chief
 
     # Data.
@@ -320,7 +329,7 @@ def fit(
         run_metadata = {
             "strategy": name,
             "num_replicas": strat.num_replicas_in_sync,
-            "num_workers": max(cluster.num_workers, 1),
+            "num_workers": num_workers,
             "global_batch_size": sizes.global_batch_size,
             "micro_batch_size": sizes.micro_batch_size,
             "grad_accum_steps": sizes.grad_accum_steps,
@@ -355,7 +364,7 @@ def fit(
                 log.info("the run in %s is already complete at step %d; nothing to train", checkpoint_dir, start_step)
                 checkpointer.close()
                 history = _history(previous_history)
-                history.tfdist = _summary(name, strat, cluster, sizes, plan, start_step, start_step, point.path, True,
+                history.tfdist = _summary(name, strat, num_workers, sizes, plan, start_step, start_step, point.path, True,
                                           previous_history, 0, 0.0, time.monotonic() - wall_start, checkpoint_dir, seed)
                 return history
 
@@ -368,10 +377,16 @@ def fit(
         dataset = strat.distribute_datasets_from_function(
             data_mod.dataset_fn(source, plan, start_step=start_step, stop_step=plan.total_steps)
         )
-    val_dataset = None
+    val_dataset = validation_steps = None
     if validation_data is not None:
-        val_source = data_mod.as_source(validation_data) if not isinstance(validation_data, data_mod.ArraySource) else validation_data
-        val_dataset = data_mod.validation_dataset(val_source, sizes.global_batch_size // sizes.grad_accum_steps)
+        val_source = data_mod.as_source(validation_data)
+        val_batch = sizes.global_batch_size // sizes.grad_accum_steps
+        val_dataset = data_mod.validation_dataset(val_source, val_batch)
+        if parameter_server:
+            # Each worker reads its own copy: repeat it, and count the steps (approximate:
+            # the batches a worker evaluates depend on scheduling).
+            val_dataset = val_dataset.repeat()
+            validation_steps = max(1, -(-(val_source.num_examples or val_batch) // val_batch))
 
     # Fit.
     quiet = not is_chief and not env.flag(env.TFDIST_VERBOSE_WORKERS)
@@ -399,6 +414,7 @@ def fit(
                     initial_epoch=start_epoch,
                     steps_per_epoch=spe,
                     validation_data=val_dataset,
+                    validation_steps=validation_steps,
                     callbacks=[callback, *(callbacks or [])],
                     verbose=verbose,
                 )
@@ -419,21 +435,21 @@ def fit(
         checkpointer.close()
     merged = _history(callback.history, history)
     steps_run = callback.global_step - start_step
-    merged.tfdist = _summary(name, strat, cluster, sizes, plan, callback.global_step, start_step,
+    merged.tfdist = _summary(name, strat, num_workers, sizes, plan, callback.global_step, start_step,
                              checkpointer.resumed_from.path if checkpointer and checkpointer.resumed_from else None,
                              callback.global_step >= plan.total_steps, callback.history, steps_run,
                              callback._train_seconds, time.monotonic() - wall_start, checkpoint_dir, seed)
     return merged
 
 
-def _summary(name, strat, cluster, sizes, plan, global_step, start_step, resumed_from, completed, history,
+def _summary(name, strat, num_workers, sizes, plan, global_step, start_step, resumed_from, completed, history,
              steps_run, train_seconds, wall_seconds, checkpoint_dir, seed) -> FitSummary:
     last = history[-1] if history else {}
     accuracy_key = next((k for k in ("val_accuracy", "val_sparse_categorical_accuracy", "val_acc") if k in last), None)
     return FitSummary(
         strategy=name,
         num_replicas=strat.num_replicas_in_sync,
-        num_workers=max(cluster.num_workers, 1),
+        num_workers=num_workers,
         global_batch_size=sizes.global_batch_size,
         per_replica_batch_size=sizes.per_replica_batch_size,
         micro_batch_size=sizes.micro_batch_size,

@@ -1,0 +1,310 @@
+"""tfdist cluster: every format's TF_CONFIGs agree, validate, and the committed compose files never drift."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tfdist import manifests
+from tfdist.cli import main
+from tfdist.cluster import parse_tf_config
+from tfdist.errors import ClusterConfigError
+from tfdist.manifests import FORMATS, JobDescription
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# The committed compose files: (file, flags that describe the job). The header of each
+# file holds the exact command that regenerates it.
+COMPOSE_FILES = {
+    "docker/compose-mwms.yaml": dict(workers="worker-0:2222,worker-1:2222", name="tfdist-mwms"),
+    "docker/compose-ps.yaml": dict(
+        chief="chief:2222", workers="worker-0:2222,worker-1:2222", ps="ps-0:2222", name="tfdist-ps"
+    ),
+}
+
+DESCRIPTIONS = {
+    "mwms": dict(workers="host1:2222,host2:2222"),
+    "ps": dict(chief="host0:2222", workers="host1:2222,host2:2222", ps="host3:2222"),
+    "full": dict(
+        chief="host0:2222", workers="host1:2222,host2:2222,host3:2222", ps="host4:2222,host5:2222",
+        evaluator="host6:2222", name="mnist", namespace="team-a",
+    ),
+    "one-host": dict(workers="localhost:12345,localhost:12346", chief="localhost:12344"),
+}
+
+
+def _describe(name: str) -> JobDescription:
+    return JobDescription.from_flags(**DESCRIPTIONS[name])
+
+
+def _shape(configs: dict[str, dict]) -> list[tuple[str, dict[str, list[str]]]]:
+    """The tasks in order with each role's ports: what every format must agree on."""
+    shape = []
+    for key, config in configs.items():
+        spec = parse_tf_config(json.dumps(config))  # every TF_CONFIG must validate
+        assert spec.task_name == key
+        ports = {role: [a.rpartition(":")[2] for a in addrs] for role, addrs in sorted(spec.jobs.items())}
+        shape.append((key, ports))
+    return shape
+
+
+# --- every format agrees -----------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(DESCRIPTIONS))
+def test_every_format_writes_the_same_tasks_roles_and_ports(name):
+    description = _describe(name)
+    shapes = {}
+    for format in FORMATS:
+        if format == "tfjob" and name == "one-host":  # Kubeflow gives all workers one port
+            with pytest.raises(ClusterConfigError, match="same port"):
+                manifests.render(description, format=format)
+            continue
+        text = manifests.render(description, format=format)
+        read = manifests.read_tf_configs(text, format=format)
+        assert read == manifests.tf_configs(description, format=format), format
+        assert list(read) == list(manifests.tf_configs(description, format=format)), f"{format}: task order"
+        shapes[format] = _shape(read)
+    assert [key for key, _ in shapes["env"]] == [f"{role}:{i}" for role, i, _ in description.tasks()]
+    for format, shape in shapes.items():
+        assert shape == shapes["env"], f"{format} disagrees with env"
+
+
+@pytest.mark.parametrize("name", sorted(DESCRIPTIONS))
+def test_env_and_json_use_the_given_addresses(name):
+    description = _describe(name)
+    for format in ("env", "json"):
+        for role, index, address in description.tasks():
+            config = manifests.read_tf_configs(manifests.render(description, format=format), format=format)
+            assert config[f"{role}:{index}"]["cluster"][role][index] == address
+
+
+def test_env_lines_are_shell_quoted_and_name_their_task():
+    description = _describe("ps")
+    lines = [line for line in manifests.render(description, format="env").splitlines() if not line.startswith("#")]
+    assert len(lines) == 4
+    for line, (role, index, address) in zip(lines, description.tasks()):
+        words = shlex.split(line, comments=True)
+        assert words[0] == "export" and words[1].startswith("TF_CONFIG={")
+        assert line.endswith(f"# {role}:{index} at {address}")
+        assert parse_tf_config(words[1].partition("=")[2]).task_name == f"{role}:{index}"
+
+
+def test_json_maps_role_index_to_tf_config():
+    configs = json.loads(manifests.render(_describe("ps"), format="json"))
+    assert list(configs) == ["chief:0", "worker:0", "worker:1", "ps:0"]
+    assert configs["ps:0"] == {
+        "cluster": {"chief": ["host0:2222"], "ps": ["host3:2222"], "worker": ["host1:2222", "host2:2222"]},
+        "task": {"index": 0, "type": "ps"},
+    }
+
+
+# --- compose -----------------------------------------------------------------------------
+def test_compose_has_one_service_per_task_sharing_the_runs_volume():
+    description = _describe("full")
+    text = manifests.render(description, format="compose")
+    assert "&id" not in text and "*id" not in text  # no YAML anchors
+    document = yaml.safe_load(text)
+    assert document["name"] == "mnist"
+    assert list(document["services"]) == [
+        "chief", "worker-0", "worker-1", "worker-2", "ps-0", "ps-1", "evaluator"
+    ]
+    assert document["volumes"] == {"runs": {}}
+    for name, service in document["services"].items():
+        assert service["hostname"] == name
+        assert service["image"] == manifests.DEFAULT_IMAGE
+        assert service["build"] == {"context": "..", "dockerfile": "docker/Dockerfile"}
+        assert service["command"] == shlex.split(manifests.DEFAULT_COMMAND)
+        assert service["volumes"] == ["runs:/runs"]
+        spec = parse_tf_config(service["environment"]["TF_CONFIG"])
+        assert spec.task_address == f"{name}:2222"  # the address of a task is its service name
+
+
+def test_compose_command_and_image_come_from_the_flags():
+    description = JobDescription.from_flags(
+        workers="a:2222,b:2222", image="registry.example/tfdist:1.0", command="tfdist train --epochs 3 --note 'a b'"
+    )
+    document = yaml.safe_load(manifests.render(description, format="compose"))
+    for service in document["services"].values():
+        assert service["image"] == "registry.example/tfdist:1.0"
+        assert service["command"] == ["tfdist", "train", "--epochs", "3", "--note", "a b"]
+
+
+@pytest.mark.parametrize("path", sorted(COMPOSE_FILES))
+def test_committed_compose_files_are_exactly_the_generator_output(path):
+    description = JobDescription.from_flags(**COMPOSE_FILES[path])
+    expected = manifests.render(description, format="compose", output=path)
+    committed = (REPO / path).read_text()
+    assert committed == expected, (
+        f"{path} drifted from the generator; regenerate it from the repository root with:\n"
+        f"  {manifests.command_line(description, format='compose', output=path)}"
+    )
+
+
+@pytest.mark.parametrize("path", sorted(COMPOSE_FILES))
+def test_committed_compose_header_command_regenerates_the_file(path, tmp_path, monkeypatch):
+    committed = (REPO / path).read_text()
+    command = committed.splitlines()[1].lstrip("#").strip()
+    argv = shlex.split(command)
+    assert argv[:2] == ["tfdist", "cluster"] and argv[-2:] == ["--output", path]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docker").mkdir()
+    assert main(argv[1:]) == 0
+    assert (tmp_path / path).read_text() == committed
+
+
+def test_committed_compose_files_describe_the_documented_jobs():
+    mwms = yaml.safe_load((REPO / "docker/compose-mwms.yaml").read_text())
+    assert list(mwms["services"]) == ["worker-0", "worker-1"]
+    ps = yaml.safe_load((REPO / "docker/compose-ps.yaml").read_text())
+    assert list(ps["services"]) == ["chief", "worker-0", "worker-1", "ps-0"]
+    assert mwms["name"] != ps["name"]  # separate projects, so separate `runs` volumes
+
+
+# --- Kubernetes --------------------------------------------------------------------------
+def test_k8s_pods_resolve_through_the_headless_service():
+    description = _describe("full")
+    docs = list(yaml.safe_load_all(manifests.render(description, format="k8s")))
+    (service,) = [d for d in docs if d["kind"] == "Service"]
+    (claim,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["metadata"]["namespace"] == "team-a"
+    assert [p["metadata"]["name"] for p in pods] == [
+        f"mnist-{role}-{i}" for role, i, _ in description.tasks()
+    ]
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert all(labels[k] == v for k, v in service["spec"]["selector"].items())
+        spec = pod["spec"]
+        assert spec["restartPolicy"] == "OnFailure"
+        assert spec["subdomain"] == service["metadata"]["name"]
+        (container,) = spec["containers"]
+        (variable,) = container["env"]
+        cluster = parse_tf_config(variable["value"])
+        host, _, port = cluster.task_address.rpartition(":")
+        assert host == f"{spec['hostname']}.{spec['subdomain']}.{pod['metadata']['namespace']}.svc"
+        assert container["ports"][0]["containerPort"] == int(port)
+        assert {"name": "runs", "mountPath": "/runs"} in container["volumeMounts"]
+        assert spec["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+
+
+def test_k8s_service_lists_every_distinct_port():
+    description = _describe("one-host")
+    docs = list(yaml.safe_load_all(manifests.render(description, format="k8s")))
+    ports = [p["port"] for p in docs[0]["spec"]["ports"]]
+    assert ports == [12344, 12345, 12346]
+
+
+# --- Kubeflow TFJob ----------------------------------------------------------------------
+def _kubeflow_cluster(job: dict) -> dict[str, list[str]]:
+    """What Kubeflow's operator derives from a TFJob: lowercase roles, <job>-<role>-<i>.<ns>.svc:<port>."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    cluster = {}
+    for replica_type, replica in job["spec"]["tfReplicaSpecs"].items():
+        (container,) = [c for c in replica["template"]["spec"]["containers"] if c["name"] == "tensorflow"]
+        (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "tfjob-port"]
+        role = replica_type.lower()
+        cluster[role] = [f"{name}-{role}-{i}.{namespace}.svc:{port}" for i in range(replica["replicas"])]
+    return cluster
+
+
+@pytest.mark.parametrize("name", ["mwms", "ps", "full"])
+def test_tfjob_annotation_is_what_kubeflow_writes(name):
+    description = _describe(name)
+    docs = list(yaml.safe_load_all(manifests.render(description, format="tfjob")))
+    (job,) = [d for d in docs if d["kind"] == "TFJob"]
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    replicas = job["spec"]["tfReplicaSpecs"]
+    assert set(replicas) <= {"Chief", "Worker", "PS", "Evaluator"}
+    assert all(r["restartPolicy"] == "OnFailure" for r in replicas.values())
+    cluster = _kubeflow_cluster(job)
+    configs = manifests.tfjob_tf_configs(description)
+    assert configs == json.loads(job["metadata"]["annotations"]["tfdist/tf-configs"])
+    for key, config in configs.items():
+        assert config["cluster"] == cluster
+        assert config["environment"] == "cloud"
+        assert parse_tf_config(config).task_name == key
+
+
+def test_tfjob_of_one_task_gets_no_tf_config():
+    description = JobDescription.from_flags(workers="host1:2222")
+    assert manifests.tfjob_tf_configs(description) == {}
+    assert manifests.read_tf_configs(manifests.render(description, format="tfjob"), format="tfjob") == {}
+
+
+# --- the command line --------------------------------------------------------------------
+@pytest.mark.parametrize("format", FORMATS)
+def test_cli_prints_the_rendered_document(format, capsys):
+    flags = DESCRIPTIONS["ps"]
+    argv = [f"--{k}={v}" for k, v in flags.items()]
+    assert main(["cluster", *argv, "--format", format]) == 0
+    out = capsys.readouterr().out
+    assert out == manifests.render(JobDescription.from_flags(**flags), format=format)
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--workers", ""], ["--workers", "''", "Fix:"]),
+        ([], ["--workers", "Fix:"]),
+        (["--workers", "host1,host2:2222"], ["--workers", "'host1'", "host:port"]),
+        (["--workers", "host1:2222,host1:2222"], ["--workers", "'host1:2222'", "already used"]),
+        (["--workers", "h:1", "--chief", "h:1"], ["--workers", "'h:1'", "already used by chief:0"]),
+        (["--workers", "h:1", "--format", "xml"], ["--format", "'xml'", "env, json, compose, k8s, tfjob"]),
+        (["--workers", "h:1", "--ps", "h:2"], ["--ps", "--chief", "'h:2'", "add --chief"]),
+        (["--workers", "h:1", "--chief", "a:1,b:2"], ["--chief", "'a:1,b:2'", "one host:port"]),
+        (["--workers", "h:70000"], ["--workers", "'h:70000'", "between 1 and 65535"]),
+        (["--workers", "h:1", "--name", "My_Job"], ["--name", "'My_Job'", "lowercase"]),
+        (["--workers", "h:1,h:2", "--format", "tfjob"], ["--workers", "'h:1,h:2'", "same port"]),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_flag_the_value_and_the_fix(argv, fragments, capsys):
+    assert main(["cluster", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("tfdist: error: ") and "Fix:" in captured.err
+    for fragment in fragments:
+        assert fragment in captured.err
+
+
+def test_ps_without_chief_is_refused_like_tf_config_refuses_it():
+    with pytest.raises(ClusterConfigError, match="--chief"):
+        JobDescription(workers=("h:1",), ps=("h:2",))
+    with pytest.raises(ClusterConfigError, match="chief"):
+        parse_tf_config({"cluster": {"worker": ["h:1"], "ps": ["h:2"]}, "task": {"type": "worker", "index": 0}})
+
+
+def test_description_is_frozen_keyword_only_and_rejects_a_bare_string():
+    description = _describe("mwms")
+    with pytest.raises(AttributeError):
+        description.workers = ()
+    with pytest.raises(TypeError):
+        JobDescription(("h:1",))  # keyword-only
+    with pytest.raises(ClusterConfigError, match="from_flags"):
+        JobDescription(workers="h:1,h:2")
+
+
+def test_output_flag_writes_the_file_it_names(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["cluster", "--workers", "a:2222", "--format", "k8s", "--output", "job.yaml"]) == 0
+    assert capsys.readouterr().out == ""
+    expected = manifests.render(JobDescription.from_flags(workers="a:2222"), format="k8s", output="job.yaml")
+    assert (tmp_path / "job.yaml").read_text() == expected
+    assert "--output job.yaml" in expected.splitlines()[1]
+    assert main(["cluster", "--workers", "a:2222", "--output", str(tmp_path / "missing" / "x")]) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+def test_cluster_command_does_not_import_tensorflow():
+    code = (
+        "import sys; from tfdist.cli import cluster; from tfdist import manifests; "
+        "manifests.render(manifests.JobDescription.from_flags(workers='a:1,b:1'), format='k8s'); "
+        "sys.exit('tensorflow' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -1,0 +1,73 @@
+"""``tfdist cluster``: TF_CONFIGs, docker compose, Kubernetes or TFJob files for one cluster description."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tfdist import manifests
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "cluster",
+        help="print the TF_CONFIG of every task, or compose / Kubernetes / TFJob files, for one cluster",
+        description="Prints, from one description of the cluster, the TF_CONFIG of every task (env, json) "
+        "or a deployment that sets them (compose, k8s, tfjob). Every format agrees on the roles, the "
+        "order of the tasks and their ports; compose, k8s and tfjob name the hosts after the tasks. "
+        "Connects to nothing.",
+        epilog="example: tfdist cluster --chief host0:2222 --workers host1:2222,host2:2222 --ps host3:2222 "
+        "--format env",
+    )
+    tasks = parser.add_argument_group("tasks (host:port addresses)")
+    tasks.add_argument("--workers", metavar="HOST:PORT,...", help="the workers, comma-separated (required)")
+    tasks.add_argument("--chief", metavar="HOST:PORT", help="the chief; required with --ps")
+    tasks.add_argument("--ps", metavar="HOST:PORT,...", help="the parameter servers, comma-separated")
+    tasks.add_argument("--evaluator", metavar="HOST:PORT", help="a side-car evaluator")
+    parser.add_argument(
+        "--format", default="env", metavar="{" + ",".join(manifests.FORMATS) + "}",
+        help="env: one `export TF_CONFIG=...` line per task; json: role:index -> TF_CONFIG; compose: a docker "
+        "compose file; k8s: a headless Service and one Pod per task; tfjob: a Kubeflow TFJob (default: env)",
+    )
+    deploy = parser.add_argument_group("deployment (compose, k8s, tfjob)")
+    deploy.add_argument("--image", default=manifests.DEFAULT_IMAGE, help="container image (default: %(default)s)")
+    deploy.add_argument(
+        "--command", default=manifests.DEFAULT_COMMAND, help="what every task runs (default: %(default)r)"
+    )
+    deploy.add_argument("--name", default=manifests.DEFAULT_NAME, help="job name (default: %(default)s)")
+    deploy.add_argument(
+        "--namespace", default=manifests.DEFAULT_NAMESPACE, help="Kubernetes namespace (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--output", "-o", metavar="FILE", help="write the document to FILE (named in its header) instead of stdout"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tfdist.env import EXIT_USAGE
+
+    description = manifests.JobDescription.from_flags(
+        workers=args.workers,
+        chief=args.chief,
+        ps=args.ps,
+        evaluator=args.evaluator,
+        image=args.image,
+        command=args.command,
+        name=args.name,
+        namespace=args.namespace,
+    )
+    text = manifests.render(description, format=args.format, output=args.output)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        sys.stderr.write(
+            f"tfdist: error: cannot write --output; received --output={args.output!r} ({e.strerror}). "
+            "Fix: name a file in an existing, writable directory, or leave --output out to print.\n"
+        )
+        return EXIT_USAGE
+    return 0

@@ -1,0 +1,175 @@
+"""``tfdist train``: the main job -- a built-in model on a data set, under any strategy, resumable."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+DEFAULT_OUTPUT_DIR = "runs/tfdist"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}")
+    return value
+
+
+def register(subparsers) -> None:
+    from tfdist.models import DEFAULT_MODEL, MODELS
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train a built-in model (default: a small CNN on the bundled digits data)",
+        description="Trains a built-in model with tfdist.fit under the strategy the cluster calls for. "
+        "Run the same command on every task of a cluster (tfdist launch does it). Checkpoints go to "
+        "OUTPUT_DIR/checkpoints; running the same command again resumes at the exact step. "
+        "Exit codes: 0 done, 2 bad input, 75 preempted (saved; restart to resume), 76 a peer was lost.",
+    )
+    model = parser.add_argument_group("model and data")
+    model.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS), help=f"built-in model (default {DEFAULT_MODEL})")
+    model.add_argument("--data", default="digits", help="'digits' (bundled, default), 'tfds:NAME', or a path to an .npz with x and y")
+    model.add_argument("--learning-rate", type=_positive_float, default=2e-3, help="Adam learning rate (default 0.002)")
+    model.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None, help="Keras mixed-precision policy")
+
+    run = parser.add_argument_group("training")
+    run.add_argument("--epochs", type=_positive_int, default=15, help="epochs (default 15)")
+    run.add_argument("--batch-size", type=_positive_int, default=None, help="global batch per optimizer step (default 32 per replica)")
+    run.add_argument("--per-replica-batch-size", type=_positive_int, default=None, help="micro batch per replica")
+    run.add_argument("--grad-accum-steps", type=_positive_int, default=1, help="micro batches accumulated per optimizer step")
+    run.add_argument("--steps-per-epoch", type=_positive_int, default=None, help="optimizer steps per epoch (default: the whole data)")
+    run.add_argument("--seed", type=int, default=0, help="seed of Python, NumPy, TensorFlow and the data order (default 0)")
+    run.add_argument("--deterministic", action="store_true", help="turn on TensorFlow's op determinism")
+    run.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, help=f"TensorBoard logs and checkpoints (default {DEFAULT_OUTPUT_DIR})")
+    run.add_argument("--summary-json", default=None, metavar="PATH", help="write the run's summary as JSON (chief only)")
+    run.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None, help="Keras verbosity (default: 1 on a terminal, else 2)")
+
+    dist = parser.add_argument_group("distribution")
+    dist.add_argument("--strategy", default="auto", help="auto, one_device, mirrored, multi_worker_mirrored, central_storage, parameter_server")
+    dist.add_argument("--cpu-devices", type=_positive_int, default=None, metavar="N", help="split the CPU into N logical devices (GPU stand-ins)")
+    dist.add_argument("--all-reduce", default="auto", help="auto|ring|nccl (multi-worker); auto|nccl|hierarchical_copy|reduce_to_one (mirrored)")
+    dist.add_argument("--bytes-per-pack", type=int, default=0, help="gradient bytes per all-reduce pack (0: TensorFlow decides)")
+    dist.add_argument("--collective-timeout", type=_positive_float, default=None, metavar="S", help="fail a collective that takes longer than S seconds")
+
+    ckpt = parser.add_argument_group("checkpoints")
+    ckpt.add_argument("--checkpoint-dir", default=None, help="default OUTPUT_DIR/checkpoints")
+    ckpt.add_argument("--save-every-steps", type=_positive_int, default=None, metavar="N", help="also save every N steps")
+    ckpt.add_argument("--save-every-seconds", type=_positive_float, default=None, metavar="S", help="also save every S seconds")
+    ckpt.add_argument("--keep", type=_positive_int, default=3, help="recent checkpoints kept (default 3)")
+    ckpt.add_argument("--keep-every-hours", type=_positive_float, default=None, metavar="H", help="also keep one checkpoint every H hours")
+    ckpt.add_argument("--sync-save", action="store_true", help="save synchronously (default: in the background)")
+    ckpt.add_argument("--no-resume", action="store_true", help="do not resume; refuses to run if checkpoints exist")
+    ckpt.add_argument("--allow-changes", action="store_true", help="resume even if batch size, model or data changed")
+    parser.set_defaults(func=run_command)
+
+
+def _summary_line(summary) -> str:
+    parts = [
+        f"strategy {summary.strategy} ({summary.num_replicas} replica(s), {summary.num_workers} worker(s))",
+        f"global batch {summary.global_batch_size}",
+        f"step {summary.global_step}/{summary.epochs * summary.steps_per_epoch}",
+    ]
+    if summary.final_loss is not None:
+        parts.append(f"loss {summary.final_loss:.4f}")
+    if summary.val_accuracy is not None:
+        parts.append(f"val_accuracy {summary.val_accuracy:.4f}")
+    if summary.examples_per_sec:
+        parts.append(f"{summary.examples_per_sec:,.0f} examples/s")
+    parts.append(f"{summary.wall_seconds:.1f} s")
+    return "; ".join(parts)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from tfdist import cluster as cluster_mod
+    from tfdist.errors import CheckpointError
+
+    cluster = cluster_mod.detect()  # an invalid TF_CONFIG fails here, before TensorFlow starts
+    checkpoint_dir = args.checkpoint_dir or os.path.join(args.output_dir, "checkpoints")
+    if args.no_resume and os.path.exists(os.path.join(checkpoint_dir, "checkpoint")):
+        raise CheckpointError(
+            f"--no-resume was given but {checkpoint_dir!r} holds checkpoints; received --no-resume. "
+            "Fix: pass another --output-dir or --checkpoint-dir; tfdist never overwrites a run's checkpoints."
+        )
+    devices = None
+    if args.cpu_devices:
+        from tfdist.strategy import split_cpu
+
+        devices = split_cpu(args.cpu_devices)
+    import tensorflow as tf
+    import tf_keras
+
+    from tfdist import data as data_mod
+    from tfdist import models
+    from tfdist.fit import fit
+
+    train, validation = data_mod.load(args.data)
+    num_classes = int(max(int(train.y.max()), int(validation.y.max()) if validation is not None else 0)) + 1
+    builder = models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
+                             learning_rate=args.learning_rate)
+    if cluster.task_type == cluster_mod.EVALUATOR:
+        from tfdist.evaluator import run_sidecar
+
+        run_sidecar(builder, validation or train, checkpoint_dir=checkpoint_dir,
+                    log_dir=os.path.join(args.output_dir, "tensorboard", "eval"))
+        return 0
+
+    log_dir = os.path.join(args.output_dir, "tensorboard")
+    if not cluster.is_chief:  # tf.distribute workers log too; keep only the chief's
+        import tempfile
+
+        log_dir = tempfile.mkdtemp(prefix="tfdist-tb-")
+    history = fit(
+        builder,
+        train,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        per_replica_batch_size=args.per_replica_batch_size,
+        steps_per_epoch=args.steps_per_epoch,
+        strategy=args.strategy,
+        validation_data=validation,
+        callbacks=[tf_keras.callbacks.TensorBoard(log_dir=log_dir)],
+        seed=args.seed,
+        deterministic=args.deterministic,
+        verbose=args.verbose if args.verbose is not None else "auto",
+        grad_accum_steps=args.grad_accum_steps,
+        mixed_precision=args.mixed_precision,
+        checkpoint_dir=checkpoint_dir,
+        save_every_steps=args.save_every_steps,
+        save_every_seconds=args.save_every_seconds,
+        keep=args.keep,
+        keep_every_hours=args.keep_every_hours,
+        async_save=not args.sync_save,
+        resume=not args.no_resume,
+        allow_changes=args.allow_changes,
+        devices=devices,
+        all_reduce=args.all_reduce,
+        bytes_per_pack=args.bytes_per_pack,
+        collective_timeout=args.collective_timeout,
+        cluster=cluster,
+    )
+    if history is None:  # a ps or worker task of a parameter-server cluster, stopped
+        return 0
+    summary = history.tfdist
+    if cluster.is_chief:
+        print(f"tfdist train: {_summary_line(summary)}", flush=True)
+        if args.summary_json:
+            record = summary.as_dict()
+            record["tensorflow"] = tf.__version__
+            os.makedirs(os.path.dirname(os.path.abspath(args.summary_json)), exist_ok=True)
+            with open(args.summary_json, "w") as f:
+                json.dump(record, f, indent=2)
+    return 0

@@ -1,0 +1,808 @@
+"""Training plan arithmetic: batch sizes, steps, memory, checkpoint cost and time, before a run.
+
+Everything here is arithmetic on numbers the user gives. TensorFlow is imported only to
+count the parameters of a named or saved model and by ``measure_step_time``.
+
+The formulas (see docs/plan.md for a worked example):
+
+* global batch = grad_accum_steps x nodes x gpus_per_node x micro_batch_size;
+  steps per epoch = samples // global batch (the remainder is dropped each epoch);
+  total steps = epochs x steps per epoch. A step is one optimizer update.
+* memory per replica = weights (params x 4) + 16-bit weight copies (params x 2, mixed
+  precision only) + gradients (params x 4) + accumulator (params x 4, when
+  grad_accum_steps > 1) + optimizer slots (slots x params x 4) + activations
+  (bytes per sample x micro batch).
+* checkpoint bytes = params x 4 x (1 + optimizer_slots) + CHECKPOINT_OVERHEAD_BYTES;
+  required write bandwidth = checkpoint bytes / stall window.
+* Young/Daly interval = sqrt(2 x checkpoint write seconds x MTBF); work lost per failure
+  = interval / 2 + restart seconds.
+* step seconds = step_time x grad_accum_steps + ring all-reduce seconds, with the ring
+  all-reduce = 2 (n - 1) / n x gradient bytes / link bandwidth for n replicas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from typing import TYPE_CHECKING, Any, Sequence
+
+from tfdist.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tf_keras
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+BYTES_PER_PARAM = 4  # weights, gradients and optimizer slots are float32 in every precision
+CHECKPOINT_OVERHEAD_BYTES = 1_000_000  # index, object graph, metadata, data position
+DEFAULT_STALL_WINDOW = 30.0  # seconds training may pause to write one checkpoint
+DEFAULT_MTBF = 86_400.0  # seconds between failures that stop the job (1 day)
+DEFAULT_RESTART_SECONDS = 300.0  # seconds from a failure to training again (reschedule, restore)
+DEFAULT_LINK_BANDWIDTH = 10e9  # bytes/s of the slowest link of the all-reduce ring (10 GB/s)
+DEFAULT_MAX_GPUS = 64
+# A built-in model is built for the data set ``tfdist train`` uses by default: 8x8 digits, 10 classes.
+DEFAULT_INPUT_SHAPE = (8, 8, 1)
+DEFAULT_NUM_CLASSES = 10
+
+# --- human units ------------------------------------------------------------------------
+_SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
+_COUNT_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_SECONDS = {"ms": 1e-3, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?"
+
+
+def _number(mantissa: str, exponent: str | None) -> float:
+    return float(mantissa) * 10 ** int(exponent or 0)
+
+
+def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = False) -> float:
+    """Bytes (or bytes/s) from a number or a size such as ``500MB``, ``1.5GiB``, ``10GB/s``, ``100Gbit/s``.
+
+    ``k/M/G/T`` are powers of 1000, ``Ki/Mi/Gi/Ti`` powers of 1024; ``B`` (or nothing) means
+    bytes and ``bit`` bits.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    example = "10GB/s or 1.25e9" if per_second else "500MB, 1.5GiB or 5e8"
+    match = re.fullmatch(_NUMBER + r"\s*([kmgtp]i?)?(b|bit|bits|byte|bytes)?(/s)?", str(text).strip().lower())
+    if not match or (match.group(5) and not per_second):
+        raise PlanError(f"Invalid `{name}`; received {name}={text!r}. Fix: use a size such as {example}.")
+    prefix, unit = match.group(3) or "", match.group(4) or "b"
+    scale = _IEC[prefix] if prefix.endswith("i") else _SI[prefix]
+    return _number(match.group(1), match.group(2)) * scale / (8 if unit.startswith("bit") else 1)
+
+
+def parse_duration(text: str | float, *, name: str = "value") -> float:
+    """Seconds from a number or a duration such as ``500ms``, ``30s``, ``5m``, ``24h``, ``2d``, ``1h30m``."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    parts = re.findall(_NUMBER + r"\s*([a-z]*)\s*", str(text).strip().lower())
+    joined = "".join(re.findall(r"\S+", str(text).lower()))
+    rebuilt = "".join(f"{m}{'e' + e if e else ''}{u}" for m, e, u in parts)
+    if not parts or rebuilt != joined or any(u not in _SECONDS and u != "" for _, _, u in parts):
+        raise PlanError(
+            f"Invalid `{name}`; received {name}={text!r}. Fix: use seconds or a duration such as 30s, 5m, 24h."
+        )
+    return sum(_number(m, e) * _SECONDS[u or "s"] for m, e, u in parts)
+
+
+def parse_count(text: str | int, *, name: str = "value") -> int:
+    """A whole number from ``1000``, ``1_000``, ``1e6``, ``60k``, ``1.2M`` or ``7B`` (billions)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = re.fullmatch("(-?)" + _NUMBER + r"([kmbgt]?)", str(text).strip().lower().replace("_", "").replace(",", ""))
+    value = math.nan
+    if match:
+        value = (-1 if match.group(1) else 1) * _number(match.group(2), match.group(3)) * _COUNT_SUFFIX[match.group(4)]
+    if not math.isfinite(value) or value != round(value):
+        raise PlanError(
+            f"Invalid `{name}`; received {name}={text!r}. Fix: use a whole number such as 1000, 60k or 1.2M."
+        )
+    return int(round(value))
+
+
+def format_bytes(value: float | None) -> str:
+    """``1.23 GB``-style text (powers of 1000)."""
+    if value is None:
+        return "-"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def format_seconds(value: float | None) -> str:
+    """``2 h 13 min``-style text."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0 s"
+    if value < 1e-3:
+        return f"{value * 1e6:.3g} µs"
+    if value < 1:
+        return f"{value * 1e3:.3g} ms"
+    if value < 60:
+        return f"{value:.3g} s"
+    if value < 3600:
+        return f"{int(value // 60)} min {value % 60:.0f} s"
+    if value < 86400:
+        return f"{int(value // 3600)} h {value % 3600 / 60:.0f} min"
+    return f"{int(value // 86400)} d {value % 86400 / 3600:.0f} h"
+
+
+# --- single formulas --------------------------------------------------------------------
+def ring_allreduce_seconds(*, replicas: int, gradient_bytes: float, link_bandwidth: float) -> float:
+    """Seconds of one ring all-reduce: 2 (n - 1) / n x gradient bytes / link bandwidth (0 for n = 1)."""
+    return 2 * (replicas - 1) / replicas * gradient_bytes / link_bandwidth
+
+
+def young_daly_interval(*, write_seconds: float, mtbf: float) -> float:
+    """Young/Daly first-order optimal seconds of work between checkpoints: sqrt(2 x write x MTBF)."""
+    return math.sqrt(2 * write_seconds * mtbf)
+
+
+def solve_grad_accum_steps(*, global_batch_size: int, replicas: int, max_micro_batch_size: int) -> int:
+    """The smallest k with global % (k x replicas) == 0 and global / (k x replicas) <= max micro batch."""
+    for k in range(1, global_batch_size // replicas + 1):
+        if global_batch_size % (k * replicas) == 0 and global_batch_size // (k * replicas) <= max_micro_batch_size:
+            return k
+    below = global_batch_size - global_batch_size % replicas
+    nearest = ", ".join(str(g) for g in (below, below + replicas) if g > 0)
+    raise PlanError(
+        f"Invalid `global_batch_size`; received global_batch_size={global_batch_size}, which no number of "
+        f"accumulation steps splits over {replicas} replicas (nodes x gpus_per_node) in micro batches of at most "
+        f"max_micro_batch_size={max_micro_batch_size}. Fix: use a multiple of {replicas}, e.g. {nearest}."
+    )
+
+
+# --- validation helpers -----------------------------------------------------------------
+def _check_int(name: str, value: Any, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise PlanError(f"Invalid `{name}`; received {name}={value!r}. Fix: use {kind}.")
+
+
+def _check_number(name: str, value: Any, *, unit: str, allow_none: bool = False, allow_zero: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        kind = "a number >= 0" if allow_zero else "a positive number"
+        raise PlanError(f"Invalid `{name}`; received {name}={value!r}. Fix: use {kind} of {unit}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Bytes one replica holds during a training step; ``activations_bytes`` is None when unknown."""
+
+    weights_bytes: int
+    weight_copies_bytes: int
+    gradients_bytes: int
+    accumulator_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int | None
+
+    @property
+    def total_bytes(self) -> int | None:
+        if self.activations_bytes is None:
+            return None
+        return self.static_bytes + self.activations_bytes
+
+    @property
+    def static_bytes(self) -> int:
+        """Everything but activations: what a replica holds whatever the micro batch."""
+        return (
+            self.weights_bytes + self.weight_copies_bytes + self.gradients_bytes
+            + self.accumulator_bytes + self.optimizer_bytes
+        )
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {**dataclasses.asdict(self), "static_bytes": self.static_bytes, "total_bytes": self.total_bytes}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingPoint:
+    """The estimate for one number of GPUs with the micro batch and accumulation steps held fixed."""
+
+    gpus: int
+    global_batch_size: int
+    total_steps: int
+    dropped_samples_per_epoch: int
+    allreduce_seconds: float
+    step_seconds: float
+    train_seconds: float
+    efficiency: float  # throughput / (gpus x throughput on one GPU)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A training plan: its inputs, validated here, and every derived number as a property.
+
+    Attributes:
+      samples, epochs: training examples per epoch and number of epochs.
+      micro_batch_size: examples per replica per forward/backward pass.
+      grad_accum_steps: micro batches whose gradients make one optimizer step.
+      nodes, gpus_per_node: the replicas are nodes x gpus_per_node.
+      params: trainable and non-trainable parameters of the model (None: unknown).
+      model: the model name or path the parameters came from, for the report.
+      optimizer_slots: float32 values the optimizer keeps per parameter (Adam: 2, SGD: 0).
+      precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
+      activation_bytes: activation bytes per sample kept for the backward pass (None: unknown).
+      step_time: seconds one replica needs for a train step on one micro batch, without
+        all-reduce between replicas -- what ``measure_step_time`` measures (None: unknown).
+      step_time_source: ``given`` or ``measured``.
+      measured_peak_bytes, measured_peak_source: peak memory of the measurement, if any.
+      stall_window: seconds training may pause to write one checkpoint.
+      mtbf: mean seconds between failures that stop the whole job (for N nodes with a
+        per-node MTBF m, about m / N).
+      write_bandwidth: checkpoint storage bytes/s (None: assume the write takes the whole
+        stall window, i.e. exactly the required bandwidth).
+      link_bandwidth: bytes/s of the slowest link of the all-reduce ring.
+      restart_seconds: seconds from a failure until training runs again.
+    """
+
+    samples: int
+    micro_batch_size: int
+    epochs: int = 1
+    grad_accum_steps: int = 1
+    nodes: int = 1
+    gpus_per_node: int = 1
+    params: int | None = None
+    model: str | None = None
+    optimizer_slots: int = 2
+    precision: str = "float32"
+    activation_bytes: float | None = None
+    step_time: float | None = None
+    step_time_source: str | None = None
+    measured_peak_bytes: int | None = None
+    measured_peak_source: str | None = None
+    stall_window: float = DEFAULT_STALL_WINDOW
+    mtbf: float = DEFAULT_MTBF
+    write_bandwidth: float | None = None
+    link_bandwidth: float = DEFAULT_LINK_BANDWIDTH
+    restart_seconds: float = DEFAULT_RESTART_SECONDS
+
+    def __post_init__(self):
+        for name in ("samples", "micro_batch_size", "epochs", "grad_accum_steps", "nodes", "gpus_per_node"):
+            _check_int(name, getattr(self, name))
+        if self.params is not None:
+            _check_int("params", self.params)
+        _check_int("optimizer_slots", self.optimizer_slots, minimum=0)
+        if self.precision not in PRECISIONS:
+            raise PlanError(
+                f"Invalid `precision`; received precision={self.precision!r}. Fix: use one of {', '.join(PRECISIONS)}."
+            )
+        _check_number(
+            "activation_bytes", self.activation_bytes, unit="bytes per sample", allow_none=True, allow_zero=True
+        )
+        _check_number("step_time", self.step_time, unit="seconds", allow_none=True)
+        _check_number("stall_window", self.stall_window, unit="seconds")
+        _check_number("mtbf", self.mtbf, unit="seconds")
+        _check_number("write_bandwidth", self.write_bandwidth, unit="bytes per second", allow_none=True)
+        _check_number("link_bandwidth", self.link_bandwidth, unit="bytes per second")
+        _check_number("restart_seconds", self.restart_seconds, unit="seconds", allow_zero=True)
+        if self.global_batch_size > self.samples:
+            raise PlanError(
+                f"Invalid `global_batch_size`; received global_batch_size={self.global_batch_size} "
+                f"(grad_accum_steps={self.grad_accum_steps} x {self.replicas} replicas x "
+                f"micro_batch_size={self.micro_batch_size}) for samples={self.samples}: not one step fits in an "
+                "epoch. Fix: use a global batch no larger than the samples."
+            )
+
+    # --- batch arithmetic -------------------------------------------------------------
+    @property
+    def replicas(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.grad_accum_steps * self.replicas * self.micro_batch_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.samples // self.global_batch_size
+
+    @property
+    def dropped_samples_per_epoch(self) -> int:
+        return self.samples % self.global_batch_size
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    # --- memory and checkpoint ----------------------------------------------------------
+    @property
+    def memory(self) -> Memory | None:
+        """Bytes per replica; None when the parameter count is unknown."""
+        if self.params is None:
+            return None
+        p = self.params
+        activations = self.activation_bytes
+        return Memory(
+            weights_bytes=p * BYTES_PER_PARAM,
+            weight_copies_bytes=p * 2 if self.precision != "float32" else 0,
+            gradients_bytes=p * BYTES_PER_PARAM,
+            accumulator_bytes=p * BYTES_PER_PARAM if self.grad_accum_steps > 1 else 0,
+            optimizer_bytes=self.optimizer_slots * p * BYTES_PER_PARAM,
+            activations_bytes=None if activations is None else int(round(activations * self.micro_batch_size)),
+        )
+
+    @property
+    def gradient_bytes(self) -> int | None:
+        """Bytes all-reduced per optimizer step (float32 gradients, also under mixed precision)."""
+        return None if self.params is None else self.params * BYTES_PER_PARAM
+
+    @property
+    def checkpoint_bytes(self) -> int | None:
+        if self.params is None:
+            return None
+        return self.params * BYTES_PER_PARAM * (1 + self.optimizer_slots) + CHECKPOINT_OVERHEAD_BYTES
+
+    @property
+    def required_write_bytes_per_sec(self) -> float | None:
+        return None if self.params is None else self.checkpoint_bytes / self.stall_window
+
+    @property
+    def checkpoint_write_seconds(self) -> float | None:
+        if self.params is None:
+            return None
+        if self.write_bandwidth is None:
+            return self.stall_window
+        return self.checkpoint_bytes / self.write_bandwidth
+
+    @property
+    def checkpoint_interval_seconds(self) -> float | None:
+        if self.params is None:
+            return None
+        return young_daly_interval(write_seconds=self.checkpoint_write_seconds, mtbf=self.mtbf)
+
+    @property
+    def lost_seconds_per_failure(self) -> float | None:
+        """Expected work lost by one failure: half an interval redone, plus the restart."""
+        interval = self.checkpoint_interval_seconds
+        return None if interval is None else interval / 2 + self.restart_seconds
+
+    # --- time ---------------------------------------------------------------------------
+    @property
+    def allreduce_seconds(self) -> float | None:
+        """Ring all-reduce seconds per optimizer step (0 on one replica; None if params unknown)."""
+        if self.replicas == 1:
+            return 0.0
+        if self.params is None:
+            return None
+        return ring_allreduce_seconds(
+            replicas=self.replicas, gradient_bytes=self.gradient_bytes, link_bandwidth=self.link_bandwidth
+        )
+
+    @property
+    def compute_seconds_per_step(self) -> float | None:
+        return None if self.step_time is None else self.step_time * self.grad_accum_steps
+
+    @property
+    def step_seconds(self) -> float | None:
+        if self.compute_seconds_per_step is None or self.allreduce_seconds is None:
+            return None
+        return self.compute_seconds_per_step + self.allreduce_seconds
+
+    @property
+    def train_seconds(self) -> float | None:
+        return None if self.step_seconds is None else self.total_steps * self.step_seconds
+
+    @property
+    def checkpoint_interval_steps(self) -> int | None:
+        """The Young/Daly interval in optimizer steps (at least 1), e.g. for a save frequency."""
+        if self.step_seconds is None or self.checkpoint_interval_seconds is None:
+            return None
+        return max(1, int(self.checkpoint_interval_seconds // self.step_seconds))
+
+    @property
+    def checkpoint_count(self) -> int | None:
+        steps = self.checkpoint_interval_steps
+        return None if steps is None else self.total_steps // steps
+
+    @property
+    def checkpoint_overhead_seconds(self) -> float | None:
+        """Training paused to write checkpoints (each write counted in full, as a synchronous save)."""
+        if self.checkpoint_count is None:
+            return None
+        return self.checkpoint_count * self.checkpoint_write_seconds
+
+    @property
+    def estimated_seconds(self) -> float | None:
+        """Training plus checkpoint writes; with params unknown, training only."""
+        if self.train_seconds is None:
+            return None
+        return self.train_seconds + (self.checkpoint_overhead_seconds or 0.0)
+
+    @property
+    def expected_failures(self) -> float | None:
+        return None if self.estimated_seconds is None else self.estimated_seconds / self.mtbf
+
+    @property
+    def expected_lost_seconds(self) -> float | None:
+        if self.expected_failures is None or self.lost_seconds_per_failure is None:
+            return None
+        return self.expected_failures * self.lost_seconds_per_failure
+
+    def scaling(self, gpus: Sequence[int] | None = None) -> tuple[ScalingPoint, ...]:
+        """Training time and efficiency on each GPU count, the micro batch and accumulation fixed.
+
+        The global batch grows with the GPUs (weak scaling); GPU counts whose global batch
+        exceeds the samples are left out. Default: powers of two up to max(64, replicas).
+        """
+        if self.step_time is None or self.params is None:
+            raise PlanError(
+                "Invalid `step_time`/`params` for a scaling estimate; received "
+                f"step_time={self.step_time!r}, params={self.params!r}. Fix: give both a step time "
+                "(or measure it) and a parameter count (or a model)."
+            )
+        if gpus is None:
+            top = max(DEFAULT_MAX_GPUS, self.replicas)
+            gpus = [2**i for i in range(int(math.ceil(math.log2(top))) + 1)]
+        points, base = [], self.step_time * self.grad_accum_steps  # one GPU: no all-reduce
+        for n in gpus:
+            _check_int("gpus", n)
+            global_batch = self.grad_accum_steps * n * self.micro_batch_size
+            if global_batch > self.samples:
+                break
+            allreduce = ring_allreduce_seconds(
+                replicas=n, gradient_bytes=self.gradient_bytes, link_bandwidth=self.link_bandwidth
+            )
+            step = self.step_time * self.grad_accum_steps + allreduce
+            steps = self.epochs * (self.samples // global_batch)
+            dropped = self.samples % global_batch
+            points.append(ScalingPoint(n, global_batch, steps, dropped, allreduce, step, steps * step, base / step))
+        return tuple(points)
+
+    # --- report -------------------------------------------------------------------------
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        notes = []
+        if self.dropped_samples_per_epoch:
+            notes.append(
+                f"{self.dropped_samples_per_epoch} of {self.samples} samples are dropped each epoch "
+                f"(not a multiple of the global batch {self.global_batch_size})."
+            )
+        if self.write_bandwidth is not None and self.checkpoint_write_seconds > self.stall_window:
+            notes.append(
+                f"write bandwidth {format_bytes(self.write_bandwidth)}/s is below the required "
+                f"{format_bytes(self.required_write_bytes_per_sec)}/s: a checkpoint takes "
+                f"{format_seconds(self.checkpoint_write_seconds)}, longer than the stall window."
+            )
+        if self.train_seconds is not None and self.checkpoint_interval_seconds is not None:
+            if self.checkpoint_interval_seconds > self.train_seconds:
+                notes.append(
+                    f"the checkpoint interval ({format_seconds(self.checkpoint_interval_seconds)}) is longer than the "
+                    f"training ({format_seconds(self.train_seconds)}): no checkpoint falls due before the end."
+                )
+        return tuple(notes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every input and derived number, JSON-ready (None where unknown)."""
+        derived = (
+            "replicas", "global_batch_size", "steps_per_epoch", "dropped_samples_per_epoch", "total_steps",
+            "gradient_bytes", "checkpoint_bytes", "required_write_bytes_per_sec", "checkpoint_write_seconds",
+            "checkpoint_interval_seconds", "checkpoint_interval_steps", "checkpoint_count",
+            "lost_seconds_per_failure", "allreduce_seconds", "compute_seconds_per_step", "step_seconds",
+            "train_seconds", "checkpoint_overhead_seconds", "estimated_seconds", "expected_failures",
+            "expected_lost_seconds",
+        )
+        out = dataclasses.asdict(self)
+        out.update({name: getattr(self, name) for name in derived})
+        out["dropped_samples"] = self.epochs * self.dropped_samples_per_epoch
+        memory = self.memory
+        out["memory"] = None if memory is None else memory.to_dict()
+        out["warnings"] = list(self.warnings)
+        return out
+
+
+# --- models (TensorFlow imported only here) ------------------------------------------------
+def _load_model(model: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None):
+    """A tf_keras model from a saved-model path or a built-in model name."""
+    if os.path.exists(model):
+        import tf_keras
+
+        try:
+            return tf_keras.models.load_model(model, compile=False)
+        except Exception as e:  # noqa: BLE001 -- any load failure is the user's file
+            raise PlanError(
+                f"Invalid `model`; received model={model!r}, which tf_keras cannot load ({type(e).__name__}: {e}). "
+                "Fix: pass a .keras/.h5/SavedModel path saved with tf_keras, or --params."
+            ) from e
+    try:
+        from tfdist import models
+    except ModuleNotFoundError as e:
+        if e.name != "tfdist.models":
+            raise
+        raise PlanError(
+            f"Invalid `model`; received model={model!r}: no such file, and built-in models are not available "
+            "in this tfdist. Fix: pass a saved model path or a parameter count (params)."
+        ) from e
+    if model not in models.MODELS:
+        raise PlanError(
+            f"Invalid `model`; received model={model!r}, neither a file nor a built-in model. "
+            f"Fix: use a path or one of {', '.join(sorted(models.MODELS))}."
+        )
+    shape = tuple(input_shape) if input_shape is not None else DEFAULT_INPUT_SHAPE
+    return models.build(model, input_shape=shape, num_classes=num_classes or DEFAULT_NUM_CLASSES)
+
+
+def _builtin_params(name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None) -> int:
+    """Parameter count of a built-in model, built (not trained) through ``tfdist.models``."""
+    return int(_load_model(name, input_shape=input_shape, num_classes=num_classes).count_params())
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """Result of ``measure_step_time``.
+
+    ``peak_bytes`` is the GPU allocator's peak (``tf.config.experimental.get_memory_info``)
+    on GPU; on CPU the increase of the process's maximum resident set (``ru_maxrss``)
+    over the run, which includes TensorFlow's own allocations; None if neither is known.
+    """
+
+    step_seconds: float
+    params: int
+    steps: int
+    warmup: int
+    micro_batch_size: int
+    replicas: int
+    strategy: str
+    device: str
+    peak_bytes: int | None
+    peak_source: str | None
+
+
+def measure_step_time(
+    *,
+    model: "str | tf_keras.Model",
+    micro_batch_size: int,
+    strategy: str = "auto",
+    steps: int = 10,
+    warmup: int = 3,
+    precision: str = "float32",
+    optimizer_slots: int = 2,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
+) -> Measurement:
+    """Times ``steps`` train steps of ``model`` after ``warmup`` steps, on random data.
+
+    ``model`` is a built-in name or a saved-model path, built under ``strategy``, or a
+    tf_keras model object, trained as is without a strategy. Plain tf_keras ``model.fit``
+    runs with a callback that reads the loss after every batch, so each timed step has
+    finished on the device. Each replica gets ``micro_batch_size`` examples; the loss is a
+    mean squared error against random targets. Every process of a cluster must call this.
+    """
+    for name, value in (("micro_batch_size", micro_batch_size), ("steps", steps)):
+        _check_int(name, value)
+    _check_int("warmup", warmup, minimum=0)
+    import resource
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from tfdist.strategy import make_strategy, name_of
+
+    gpus = tf.config.list_physical_devices("GPU")
+    # A model object was built outside any strategy scope, so it trains without one.
+    dist = make_strategy(strategy) if isinstance(model, str) else tf.distribute.get_strategy()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if gpus:
+        tf.config.experimental.reset_memory_stats("GPU:0")
+    previous_policy = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(precision)
+    try:
+        with dist.scope():
+            net = model
+            if isinstance(model, str):
+                net = _load_model(model, input_shape=input_shape, num_classes=num_classes)
+            optimizer = {0: tf_keras.optimizers.SGD(), 1: tf_keras.optimizers.SGD(momentum=0.9)}.get(
+                optimizer_slots, tf_keras.optimizers.Adam()
+            )
+            net.compile(optimizer=optimizer, loss="mse")
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous_policy)
+    batch = micro_batch_size * dist.num_replicas_in_sync
+    rng = np.random.default_rng(0)
+
+    def random_like(tensor):  # one batch shaped like a model input or output (unknown sizes -> 1)
+        shape = (batch, *[d or 1 for d in tensor.shape[1:]])
+        if tensor.dtype.is_integer:
+            return rng.integers(0, 2, size=shape).astype(tensor.dtype.as_numpy_dtype)
+        return rng.standard_normal(shape).astype("float32")
+
+    xs = [random_like(t) for t in net.inputs]
+    ys = [random_like(t) if not t.dtype.is_integer else random_like(t).astype("float32") for t in net.outputs]
+    one = lambda arrays: tuple(arrays) if len(arrays) > 1 else arrays[0]  # noqa: E731
+    data = tf.data.Dataset.from_tensor_slices((one(xs), one(ys)))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    data = data.batch(batch, drop_remainder=True).cache().repeat().with_options(options)
+
+    ends: list[float] = []
+
+    class _Timer(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch_index, logs=None):
+            float((logs or {}).get("loss", 0.0))  # wait for the step to finish on the device
+            ends.append(time.perf_counter())
+
+    start = time.perf_counter()
+    net.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0, callbacks=[_Timer()])
+    first = ends[warmup - 1] if warmup else start
+    step_seconds = (ends[-1] - first) / steps
+    if gpus:
+        peak, source = int(tf.config.experimental.get_memory_info("GPU:0")["peak"]), "GPU:0 allocator peak"
+    else:
+        rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak, source = max(0, rss_after - rss_before), "process max RSS increase (CPU, includes TensorFlow)"
+    return Measurement(
+        step_seconds=step_seconds,
+        params=int(net.count_params()),
+        steps=steps,
+        warmup=warmup,
+        micro_batch_size=micro_batch_size,
+        replicas=dist.num_replicas_in_sync,
+        strategy=name_of(dist) if isinstance(model, str) else "none",
+        device="GPU:0" if gpus else "CPU",
+        peak_bytes=peak,
+        peak_source=source,
+    )
+
+
+# --- the entry point --------------------------------------------------------------------------
+def _resolve_batch(
+    *, replicas: int, micro: int | None, accum: int | None, global_batch: int | None, max_micro: int | None
+) -> tuple[int, int]:
+    """(micro_batch_size, grad_accum_steps) from whichever of them and the global batch are given."""
+    if global_batch is None:
+        if micro is None:
+            raise PlanError(
+                "Missing `micro_batch_size`; received micro_batch_size=None and global_batch_size=None. "
+                "Fix: pass micro_batch_size (and grad_accum_steps), or global_batch_size."
+            )
+        accum = accum or 1
+    elif micro is not None and accum is not None:
+        if accum * replicas * micro != global_batch:
+            raise PlanError(
+                f"Invalid `global_batch_size`; received global_batch_size={global_batch}, but grad_accum_steps="
+                f"{accum} x {replicas} replicas x micro_batch_size={micro} = {accum * replicas * micro}. "
+                "Fix: pass only two of global_batch_size, grad_accum_steps and micro_batch_size."
+            )
+    elif micro is not None or accum is not None:
+        name, known = ("micro_batch_size", micro) if micro is not None else ("grad_accum_steps", accum)
+        if global_batch % (known * replicas):
+            raise PlanError(
+                f"Invalid `global_batch_size`; received global_batch_size={global_batch}, which {name}={known} x "
+                f"{replicas} replicas (nodes x gpus_per_node) does not divide. Fix: use a multiple of "
+                f"{known * replicas}, or change {name}."
+            )
+        other = global_batch // (known * replicas)
+        micro, accum = (micro, other) if micro is not None else (other, accum)
+    elif max_micro is not None:
+        accum = solve_grad_accum_steps(
+            global_batch_size=global_batch, replicas=replicas, max_micro_batch_size=max_micro
+        )
+        micro = global_batch // (accum * replicas)
+    else:
+        if global_batch % replicas:
+            raise PlanError(
+                f"Invalid `global_batch_size`; received global_batch_size={global_batch}, not divisible by "
+                f"{replicas} replicas (nodes x gpus_per_node). Fix: use a multiple of {replicas}, or pass "
+                "max_micro_batch_size to solve for the accumulation steps."
+            )
+        accum, micro = 1, global_batch // replicas
+    if max_micro is not None and micro > max_micro:
+        raise PlanError(
+            f"Invalid `micro_batch_size`; received micro_batch_size={micro}, above "
+            f"max_micro_batch_size={max_micro}. Fix: raise grad_accum_steps or lower the batch."
+        )
+    return micro, accum
+
+
+def plan(
+    *,
+    samples: int,
+    epochs: int = 1,
+    micro_batch_size: int | None = None,
+    nodes: int = 1,
+    gpus_per_node: int = 1,
+    grad_accum_steps: int | None = None,
+    global_batch_size: int | None = None,
+    max_micro_batch_size: int | None = None,
+    params: int | None = None,
+    model: str | None = None,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
+    step_time: float | str | None = None,
+    measure: bool = False,
+    measure_steps: int = 10,
+    measure_warmup: int = 3,
+    strategy: str = "auto",
+    optimizer_slots: int = 2,
+    precision: str = "float32",
+    activation_bytes: float | str | None = None,
+    stall_window: float | str = DEFAULT_STALL_WINDOW,
+    mtbf: float | str = DEFAULT_MTBF,
+    write_bandwidth: float | str | None = None,
+    link_bandwidth: float | str = DEFAULT_LINK_BANDWIDTH,
+    restart_seconds: float | str = DEFAULT_RESTART_SECONDS,
+) -> Plan:
+    """Plans a data-parallel training run; see the module docstring for every formula.
+
+    Give the batch as ``micro_batch_size`` (with ``grad_accum_steps``, default 1), or as a
+    target ``global_batch_size`` -- with ``max_micro_batch_size`` the smallest number of
+    accumulation steps that fits is solved for. Give the model as ``params`` or ``model``
+    (a built-in name or a saved tf_keras model path, whose parameters are counted with
+    TensorFlow). Give ``step_time`` (seconds of one replica's train step on one micro batch)
+    or ``measure=True`` for a short real run of ``model``. Durations and bandwidths also
+    accept text such as ``"30s"``, ``"24h"``, ``"10GB/s"``; ``activation_bytes`` such as ``"2MB"``.
+    """
+    for name, value in (("samples", samples), ("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        _check_int(name, value)
+    batch_args = (
+        ("micro_batch_size", micro_batch_size), ("grad_accum_steps", grad_accum_steps),
+        ("global_batch_size", global_batch_size), ("max_micro_batch_size", max_micro_batch_size),
+    )
+    for name, value in batch_args:
+        if value is not None:
+            _check_int(name, value)
+    _check_int("measure_steps", measure_steps)
+    _check_int("measure_warmup", measure_warmup, minimum=0)
+    micro, accum = _resolve_batch(
+        replicas=nodes * gpus_per_node, micro=micro_batch_size, accum=grad_accum_steps,
+        global_batch=global_batch_size, max_micro=max_micro_batch_size,
+    )
+    if params is not None and model is not None:
+        raise PlanError(
+            f"Conflicting `params` and `model`; received params={params!r}, model={model!r}. Fix: pass one of them."
+        )
+    if step_time is not None and measure:
+        raise PlanError(
+            f"Conflicting `step_time` and `measure`; received step_time={step_time!r}, measure=True. "
+            "Fix: give a step time or measure it, not both."
+        )
+    if measure and model is None:
+        raise PlanError(
+            "Missing `model` for `measure`; received model=None. Fix: pass a built-in model name or a saved "
+            "model path to measure, or give step_time."
+        )
+    bandwidth = None
+    if write_bandwidth is not None:
+        bandwidth = parse_bytes(write_bandwidth, name="write_bandwidth", per_second=True)
+    fields = dict(
+        samples=samples, epochs=epochs, micro_batch_size=micro, grad_accum_steps=accum, nodes=nodes,
+        gpus_per_node=gpus_per_node, params=params, model=model, optimizer_slots=optimizer_slots,
+        precision=precision,
+        activation_bytes=None if activation_bytes is None else parse_bytes(activation_bytes, name="activation_bytes"),
+        step_time=None if step_time is None else parse_duration(step_time, name="step_time"),
+        step_time_source=None if step_time is None else "given",
+        stall_window=parse_duration(stall_window, name="stall_window"),
+        mtbf=parse_duration(mtbf, name="mtbf"),
+        write_bandwidth=bandwidth,
+        link_bandwidth=parse_bytes(link_bandwidth, name="link_bandwidth", per_second=True),
+        restart_seconds=parse_duration(restart_seconds, name="restart_seconds"),
+    )
+    result = Plan(**fields)  # validates everything before any TensorFlow work
+    if measure:
+        m = measure_step_time(
+            model=model, micro_batch_size=micro, strategy=strategy, steps=measure_steps, warmup=measure_warmup,
+            precision=precision, optimizer_slots=optimizer_slots, input_shape=input_shape, num_classes=num_classes,
+        )
+        fields.update(
+            params=m.params, step_time=m.step_seconds, step_time_source="measured",
+            measured_peak_bytes=m.peak_bytes, measured_peak_source=m.peak_source,
+        )
+        if fields["activation_bytes"] is None and m.device.startswith("GPU") and m.peak_bytes is not None:
+            memory = Plan(**fields).memory  # the measured step had no accumulator
+            static = memory.static_bytes - memory.accumulator_bytes
+            fields["activation_bytes"] = max(0, m.peak_bytes - static) / micro  # GPU:0 holds one replica
+        result = Plan(**fields)
+    elif model is not None:
+        result = dataclasses.replace(
+            result, params=_builtin_params(model, input_shape=input_shape, num_classes=num_classes)
+        )
+    return result

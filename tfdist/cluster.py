@@ -51,6 +51,10 @@ class ClusterSpec:
         object.__setattr__(self, "jobs", jobs)
         _validate(jobs, self.task_type, self.task_index, where=self.source)
 
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self.jobs.items())), self.task_type, self.task_index, self.source,
+                     self.environment, self.rpc_layer))
+
     # --- counts -------------------------------------------------------------------
     @property
     def num_workers(self) -> int:

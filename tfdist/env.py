@@ -38,6 +38,9 @@ TFDIST_RESTART = "TFDIST_RESTART"
 TFDIST_VERBOSE_WORKERS = "TFDIST_VERBOSE_WORKERS"
 """Set to 1 to let non-chief workers print progress and logs too."""
 
+TFDIST_FAULT = "TFDIST_FAULT"
+"""Fault injection for tests and drills, e.g. ``worker:1/kill_at_step:13`` (see tfdist.faults)."""
+
 DEFAULT_SLURM_PORT_BASE = 8888
 DEFAULT_STARTUP_TIMEOUT = 60.0
 

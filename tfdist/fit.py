@@ -18,6 +18,7 @@ from tfdist import keras_model
 from tfdist import strategy as strategy_mod
 from tfdist.cluster import EVALUATOR, ClusterSpec, detect
 from tfdist.errors import DataError, ModelError, PeerUnavailableError
+from tfdist.faults import Faults
 from tfdist.preemption import Preempted, PreemptionWatcher, any_worker
 
 log = logging.getLogger("tfdist")
@@ -69,7 +70,8 @@ def _training_callback_class():
     class TrainingCallback(tf_keras.callbacks.Callback):
         """Counts global steps, resumes mid-epoch, saves, and answers preemption."""
 
-        def __init__(self, *, plan, start_step, checkpointer, checkpoint_options, watcher, agree_strategy, history):
+        def __init__(self, *, plan, start_step, checkpointer, checkpoint_options, watcher, agree_strategy, history,
+                     faults):
             super().__init__()
             # Batch logs are never read here, so tf_keras may pass them unresolved: this is
             # what lets the batch hooks (step-level saves) run under ParameterServerStrategy.
@@ -81,6 +83,7 @@ def _training_callback_class():
             self._watcher = watcher
             self._agree_strategy = agree_strategy
             self.history = history  # per-epoch logs, earlier runs included
+            self._faults = faults
             self.global_step = start_step
             self._epoch = start_step // plan.steps_per_epoch
             self._steps_run = 0
@@ -113,12 +116,15 @@ def _training_callback_class():
                 history=self.history,
                 complete=complete,
             )
+            self._faults.fire("kill_after_save", self.global_step)
 
         def on_train_batch_end(self, batch, logs=None):
             spe = self._plan.steps_per_epoch
             step = self._epoch * spe + batch + 1
             self._steps_run += step - self.global_step
             self.global_step = step
+            self._faults.fire("kill_at_step", step)
+            self._faults.fire("term_at_step", step)
             preempt = self._watcher.requested
             due = False
             if self._ckpt is not None and step % spe:  # an epoch's last step is saved at epoch end
@@ -402,6 +408,7 @@ def fit(
         watcher=PreemptionWatcher(),
         agree_strategy=strat if multi_worker else None,
         history=previous_history,
+        faults=Faults(task_name=cluster.task_name),
     )
     start_epoch = start_step // spe
     history = None

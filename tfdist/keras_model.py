@@ -186,10 +186,10 @@ def install_grad_accumulation(model, steps: int) -> None:
         split = lambda t: None if t is None else tf.reshape(t, tf.concat([[steps, -1], tf.shape(t)[1:]], 0))  # noqa: E731
         xs, ys, ws = split(x), split(y), split(sample_weight)
         variables = self.trainable_variables
-        total = [tf.zeros_like(v) for v in variables]
-        for i in tf.range(steps):
-            xi, yi = xs[i], ys[i]
-            wi = None if ws is None else ws[i]
+
+        def micro_step(i, total):
+            xi, yi = tf.gather(xs, i), tf.gather(ys, i)
+            wi = None if ws is None else tf.gather(ws, i)
             with tf.GradientTape() as tape:
                 y_pred = self(xi, training=True)
                 loss = self.compute_loss(xi, yi, y_pred, wi)
@@ -198,8 +198,12 @@ def install_grad_accumulation(model, steps: int) -> None:
             grads = tape.gradient(loss, variables)
             if scaled:
                 grads = optimizer.get_unscaled_gradients(grads)
-            total = [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
-            self.compute_metrics(xi, yi, y_pred, wi)
+            self.compiled_metrics.update_state(yi, y_pred, wi)  # results are read once, after the loop
+            return i + 1, [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
+
+        _, total = tf.while_loop(
+            lambda i, _: i < steps, micro_step, (tf.constant(0), [tf.zeros_like(v) for v in variables])
+        )
         optimizer.apply_gradients(zip([t / steps for t in total], variables))
         return self.get_metrics_result()
 

@@ -270,6 +270,13 @@ _REGISTRY: dict[str, Callable[[ClusterSpec, StrategyOptions], "tf.distribute.Str
 }
 
 
+# Strategies already made in this process, by (name, cluster, options). TensorFlow's
+# collectives are process-global: a second MirroredStrategy over the same devices reuses
+# the first one's collective keys and fails with shape mismatches, and a multi-worker
+# strategy can be created only once per process. So calling fit again reuses the strategy.
+_CREATED: dict[tuple, "tf.distribute.Strategy"] = {}
+
+
 def resolve_name(name: str, cluster: ClusterSpec) -> Choice:
     """The strategy name and its reason, for a name or ``auto`` (creates nothing)."""
     if name == "auto":
@@ -314,6 +321,9 @@ def make_strategy(
         startup_timeout=startup_timeout if startup_timeout is not None else env.startup_timeout(),
     )
     choice = resolve_name(name, cluster)
+    key = (choice.name, cluster, options)
+    if key in _CREATED:
+        return _CREATED[key]
     if choice.name in (ONE_DEVICE, MIRRORED, CENTRAL_STORAGE) and cluster.num_workers > 1:
         raise StrategyError(
             f"{choice.name} runs on one machine but the cluster has several tasks; received {cluster.describe()}. "
@@ -322,6 +332,7 @@ def make_strategy(
     strategy = _REGISTRY[choice.name](cluster, options)
     log.info("strategy %s: %s (%d replica(s))", choice.name, choice.reason, strategy.num_replicas_in_sync)
     strategy._tfdist_name = choice.name  # read by name_of()
+    _CREATED[key] = strategy
     return strategy
 
 

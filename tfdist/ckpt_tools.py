@@ -1,0 +1,509 @@
+"""Looking into a checkpoint directory: list its checkpoints, inspect one, verify their bytes.
+
+These functions only read. ``list_checkpoints`` needs nothing but the file system and the
+``checkpoint`` state file; ``inspect_checkpoint`` and ``verify_checkpoint`` open the
+checkpoint with TensorFlow, which checks every tensor's CRC32C as it reads it. The bundle
+index is also parsed here (a LevelDB table of ``BundleEntryProto``) so that a problem names
+the data shard it is in: a truncated shard, a missing shard, the shard of an unreadable tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import struct
+from typing import Any
+
+from tfdist.checkpoint import METADATA_SUFFIX, checkpoint_files, checkpoint_paths, read_metadata
+from tfdist.errors import CheckpointError
+
+STATE_FILE = "checkpoint"
+_DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+# ckpt-12.index, ckpt-12.data-00000-of-00001, ckpt-12.tfdist.json, ckpt-12_temp/, each maybe with a
+# ``.replaced-<stamp>`` (moved aside by Checkpointer) or ``.tmp-<pid>`` (a metadata write) tail.
+_FILE_RE = re.compile(r"^(?P<stem>.+?-(?P<step>\d+))(?P<kind>\.index|\.data-\d{5}-of-\d{5}|\.tfdist\.json|_temp)(?P<tail>.*)$")
+_REPLACED_RE = re.compile(r"\.replaced-(\S+)$")
+_STEP_RE = re.compile(r"-(\d+)$")
+_SERIALIZED_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint of a directory, or a group of checkpoint-like files the state file does not name.
+
+    Attributes:
+      path: the checkpoint prefix (``DIR/ckpt-8``), or the leftover file or folder.
+      global_step, epoch, step_in_epoch: from the metadata (the step also from the name).
+      saved_at: seconds since the epoch, from the metadata's ``saved_at``, else the newest file's mtime.
+      size_bytes: the index and data files together (for leftovers: all their files).
+      complete: the metadata's ``complete`` flag (the run had finished); None without metadata.
+      listed: whether the ``checkpoint`` state file names it, i.e. whether its save finished.
+      problem: why it is not a usable checkpoint, or what is missing; None when nothing is seen wrong.
+      files: the files that belong to it.
+    """
+
+    path: str
+    global_step: int | None
+    epoch: int | None
+    step_in_epoch: int | None
+    saved_at: float | None
+    size_bytes: int
+    complete: bool | None
+    listed: bool
+    problem: str | None
+    files: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "global_step": self.global_step,
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "saved_at": self.saved_at,
+            "size_bytes": self.size_bytes,
+            "complete": self.complete,
+            "listed": self.listed,
+            "problem": self.problem,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Verification:
+    """The result of reading one checkpoint back: ``ok``, or the ``problem`` in one line."""
+
+    path: str
+    ok: bool
+    problem: str | None
+    tensors: int = 0
+    bytes_read: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "ok": self.ok, "problem": self.problem}
+
+
+# --- finding checkpoints -------------------------------------------------------------------
+def _check_directory(directory: str) -> None:
+    if not os.path.exists(directory):
+        raise CheckpointError(
+            f"the checkpoint directory does not exist; received {directory!r}. "
+            "Fix: pass the checkpoint_dir of a run (the folder holding the `checkpoint` state file)."
+        )
+    if not os.path.isdir(directory):
+        raise CheckpointError(
+            f"the checkpoint directory is not a directory; received {directory!r}. "
+            "Fix: pass the folder holding the `checkpoint` state file, or a checkpoint prefix such as DIR/ckpt-8."
+        )
+
+
+def _listed_paths(directory: str) -> list[str]:
+    """The checkpoints the state file names, oldest first; [] without a state file."""
+    state = os.path.join(directory, STATE_FILE)
+    if not os.path.exists(state):
+        return []
+    try:
+        paths = checkpoint_paths(directory)
+    except Exception as e:  # get_checkpoint_state raises ValueError on an inconsistent state
+        paths, reason = [], f"{type(e).__name__}: {_first_line(e)}"
+    else:
+        reason = "it names no checkpoint"
+    if not paths:
+        raise CheckpointError(
+            f"the state file {state!r} cannot be read ({reason}); received a damaged or foreign state file. "
+            "Fix: check it by hand, or inspect a checkpoint by its prefix (DIR/ckpt-N)."
+        )
+    return paths
+
+
+def _no_checkpoint_error(directory: str, leftovers: list[CheckpointInfo]) -> CheckpointError:
+    found = f"; only incomplete files: {', '.join(os.path.basename(c.path) for c in leftovers)}" if leftovers else ""
+    return CheckpointError(
+        f"no complete checkpoint in {directory!r} (no `checkpoint` state file naming one{found}). "
+        "Fix: pass the checkpoint_dir a run saved to (tfdist train --checkpoint-dir), or wait for its first save."
+    )
+
+
+def _step_of(prefix: str) -> int | None:
+    match = _STEP_RE.search(os.path.basename(prefix))
+    return int(match.group(1)) if match else None
+
+
+def _size(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _mtime(paths) -> float | None:
+    times = [os.path.getmtime(p) for p in paths if os.path.exists(p)]
+    return max(times) if times else None
+
+
+def _int_or_none(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _missing_files(prefix: str) -> str | None:
+    """A one-line description of the files a checkpoint lacks (judged by the file names only)."""
+    name = os.path.basename(prefix)
+    if not os.path.exists(prefix + ".index"):
+        return f"missing index file {name}.index"
+    shards = _shard_names(prefix)
+    if not shards:
+        return f"missing data files ({name}.data-*)"
+    missing = [s for s in shards if not os.path.exists(s)]
+    if missing:
+        return "missing data shard " + ", ".join(os.path.basename(s) for s in missing)
+    if not os.path.exists(prefix + METADATA_SUFFIX):
+        return f"missing metadata file {name}{METADATA_SUFFIX}"
+    return None
+
+
+def _shard_names(prefix: str, num_shards: int | None = None) -> list[str]:
+    """The data files a checkpoint should have: ``num_shards`` of them, else as many as the names say."""
+    if num_shards is None:
+        counts = {int(_DATA_RE.search(f).group(2)) for f in glob.glob(glob.escape(prefix) + ".data-*")
+                  if _DATA_RE.search(f)}
+        if not counts:
+            return []
+        num_shards = max(counts)
+    return [f"{prefix}.data-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
+
+
+def _info(prefix: str, *, listed: bool, problem: str | None = None, files=None) -> CheckpointInfo:
+    metadata = read_metadata(prefix) or {}
+    files = tuple(files if files is not None else checkpoint_files(prefix))
+    saved_at = metadata.get("saved_at")
+    if not isinstance(saved_at, (int, float)) or isinstance(saved_at, bool):
+        saved_at = _mtime(files)
+    complete = metadata.get("complete")
+    return CheckpointInfo(
+        path=prefix,
+        global_step=_int_or_none(metadata.get("global_step", _step_of(prefix))),
+        epoch=_int_or_none(metadata.get("epoch")),
+        step_in_epoch=_int_or_none(metadata.get("step_in_epoch")),
+        saved_at=saved_at,
+        size_bytes=sum(_size(f) for f in files),
+        complete=complete if isinstance(complete, bool) else None,
+        listed=listed,
+        problem=problem if problem is not None or not listed else _missing_files(prefix),
+        files=files,
+    )
+
+
+def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
+    """Checkpoint-like files in ``directory`` that no listed checkpoint owns, grouped by checkpoint."""
+    listed_names = {os.path.basename(p) for p in listed}
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.startswith(STATE_FILE + ".tmp"):
+            groups.setdefault((name, "state"), []).append(path)
+            continue
+        match = _FILE_RE.match(name)
+        if match is None:
+            continue
+        stem, kind, tail = match.group("stem"), match.group("kind"), match.group("tail")
+        replaced = _REPLACED_RE.search(tail)
+        if replaced:
+            groups.setdefault((stem, "replaced-" + replaced.group(1)), []).append(path)
+        elif stem not in listed_names and (not tail or kind == "_temp" or ".tmp" in tail):
+            groups.setdefault((stem, "unlisted"), []).append(path)
+        elif kind == "_temp" or ".tmp" in tail:  # a listed checkpoint's leftover temporary files
+            groups.setdefault((stem, "temp"), []).append(path)
+    leftovers = []
+    for (stem, kind), files in groups.items():
+        prefix = os.path.join(directory, stem)
+        if kind == "state":
+            leftovers.append(CheckpointInfo(
+                path=prefix, global_step=None, epoch=None, step_in_epoch=None, saved_at=_mtime(files),
+                size_bytes=sum(_size(f) for f in files), complete=None, listed=False,
+                problem="temporary state file of an interrupted update of `checkpoint`", files=tuple(files),
+            ))
+            continue
+        if kind == "temp":
+            path = files[0] if len(files) == 1 else prefix
+            problem = "temporary files of a save that is still in flight or was interrupted"
+        elif kind.startswith("replaced-"):
+            path = f"{prefix} ({kind})"
+            problem = f"an earlier {stem} moved aside (.{kind}) before the same step was saved again"
+        else:
+            path = prefix
+            has_data = any(_DATA_RE.search(f) for f in files)
+            if any(f.endswith("_temp") or ".tmp" in os.path.basename(f) for f in files):
+                problem = "temporary files of a save that is still in flight or was interrupted"
+            elif not os.path.exists(prefix + ".index") or not has_data:
+                problem = "not named in the state file, and " + (_missing_files(prefix) or "incomplete")
+            else:
+                problem = "not named in the state file (a save being committed, or one the manager stopped tracking)"
+        info = _info(prefix, listed=False, problem=problem, files=files)
+        leftovers.append(dataclasses.replace(info, path=path, saved_at=info.saved_at or _mtime(files)))
+    return sorted(leftovers, key=lambda c: (c.global_step is None, c.global_step or 0, c.path))
+
+
+def list_checkpoints(directory: str) -> list[CheckpointInfo]:
+    """The checkpoints the state file names (oldest first), then the incomplete leftovers.
+
+    Raises CheckpointError when ``directory`` is missing, is not a directory, or holds nothing
+    that looks like a checkpoint."""
+    directory = os.fspath(directory)
+    _check_directory(directory)
+    listed = _listed_paths(directory)
+    leftovers = _leftovers(directory, listed)
+    if not listed and not leftovers:
+        raise _no_checkpoint_error(directory, [])
+    return [_info(p, listed=True) for p in listed] + leftovers
+
+
+def resolve(path: str, *, every: bool = False) -> list[str]:
+    """The checkpoint prefixes ``path`` names: a prefix (``DIR/ckpt-8``, also ``.index``), or a
+    directory's latest listed checkpoint (all of them with ``every``)."""
+    path = os.fspath(path)
+    for suffix in (".index", METADATA_SUFFIX):
+        if path.endswith(suffix) and os.path.isfile(path):
+            path = path[: -len(suffix)]
+    if _DATA_RE.search(path) and os.path.isfile(path):
+        path = _DATA_RE.sub("", path)
+    if not os.path.isdir(path) and (os.path.exists(path + ".index") or checkpoint_files(path)):
+        return [path]
+    if not os.path.exists(path) and os.path.isdir(os.path.dirname(path) or "."):
+        raise CheckpointError(
+            f"no checkpoint or directory at {path!r} (neither {os.path.basename(path)}.index nor a folder exists). "
+            "Fix: pass a checkpoint directory or a prefix such as DIR/ckpt-8; `tfdist ckpt list DIR` shows them."
+        )
+    _check_directory(path)
+    listed = _listed_paths(path)
+    if not listed:
+        raise _no_checkpoint_error(path, _leftovers(path, []))
+    return listed if every else listed[-1:]
+
+
+# --- reading the bundle index ------------------------------------------------------------
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:300]
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _block_entries(data: bytes, offset: int, size: int):
+    """The (key, value) pairs of one uncompressed table block."""
+    if data[offset + size] != 0:  # the trailer's compression type: TensorFlow writes bundles uncompressed
+        raise ValueError("compressed index block")
+    block = data[offset: offset + size]
+    (num_restarts,) = struct.unpack_from("<I", block, len(block) - 4)
+    end, pos, key = len(block) - 4 - 4 * num_restarts, 0, b""
+    while pos < end:
+        shared, pos = _varint(block, pos)
+        unshared, pos = _varint(block, pos)
+        value_len, pos = _varint(block, pos)
+        key = key[:shared] + block[pos: pos + unshared]
+        pos += unshared
+        yield key, block[pos: pos + value_len]
+        pos += value_len
+
+
+def read_index(prefix: str) -> tuple[Any, dict[bytes, Any]]:
+    """The bundle header and the entry (shard, offset, size, crc) of every key of ``prefix.index``.
+
+    Raises ValueError (or a struct/index error) when the index is not a readable table."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    with open(prefix + ".index", "rb") as f:
+        data = f.read()
+    if len(data) < 48 or data[-8:] != struct.pack("<Q", 0xDB4775248B80FB57):
+        raise ValueError("not an sstable (bad magic number)")
+    pos = len(data) - 48
+    _, pos = _varint(data, pos)  # meta-index block handle: unused
+    _, pos = _varint(data, pos)
+    index_offset, pos = _varint(data, pos)
+    index_size, pos = _varint(data, pos)
+    header, entries = None, {}
+    for _, handle in _block_entries(data, index_offset, index_size):
+        block_offset, p = _varint(handle, 0)
+        block_size, _ = _varint(handle, p)
+        for key, value in _block_entries(data, block_offset, block_size):
+            if key == b"":
+                header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
+            else:
+                entries[key] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+    if header is None:
+        raise ValueError("the index has no header entry")
+    return header, entries
+
+
+# --- inspecting ----------------------------------------------------------------------------
+def _short_name(name: str) -> str:
+    return name[: -len(_VALUE_SUFFIX)] if name.endswith(_VALUE_SUFFIX) else name
+
+
+def inspect_checkpoint(path: str) -> dict[str, Any]:
+    """The metadata and the saved variables of the checkpoint ``path`` names (a directory: its latest).
+
+    Returns a dictionary with ``path``, ``metadata`` (None without a metadata file),
+    ``files`` (name and size), ``variables`` (name, shape, dtype, parameters, bytes) and
+    ``summary`` (count, parameters and bytes in all and per top-level object)."""
+    import tensorflow as tf
+
+    (prefix,) = resolve(path)
+    try:
+        shapes = dict(tf.train.list_variables(prefix))
+        dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
+    except Exception as e:  # the index is unreadable: TensorFlow raises several kinds
+        raise CheckpointError(
+            f"cannot read the index of {prefix!r} ({type(e).__name__}: {_first_line(e)}); received a corrupt or "
+            f"incomplete checkpoint. Fix: run `tfdist ckpt verify {os.path.dirname(prefix) or '.'} --all`."
+        ) from None
+    variables, groups = [], {}
+    for name in sorted(shapes):
+        shape, dtype = list(shapes[name]), dtypes.get(name)
+        numeric = name != _SERIALIZED_GRAPH and dtype is not None and dtype != tf.string
+        count = 1
+        for dim in shape:
+            count *= dim
+        params = count if numeric else 0
+        size = params * dtype.size if numeric else 0
+        variables.append({
+            "name": name, "shape": shape, "dtype": dtype.name if dtype is not None else None,
+            "parameters": params, "bytes": size,
+        })
+        if name != _SERIALIZED_GRAPH:
+            group = groups.setdefault(name.split("/", 1)[0], {"count": 0, "parameters": 0, "bytes": 0})
+            group["count"] += 1
+            group["parameters"] += params
+            group["bytes"] += size
+    saved = [v for v in variables if v["name"] != _SERIALIZED_GRAPH]
+    files = checkpoint_files(prefix)
+    return {
+        "path": prefix,
+        "metadata_path": prefix + METADATA_SUFFIX,
+        "metadata": read_metadata(prefix),
+        "files": [{"name": os.path.basename(f), "size_bytes": _size(f)} for f in files],
+        "size_bytes": sum(_size(f) for f in files),
+        "variables": variables,
+        "summary": {
+            "count": len(saved),
+            "parameters": sum(v["parameters"] for v in saved),
+            "bytes": sum(v["bytes"] for v in saved),
+            "groups": groups,
+        },
+    }
+
+
+# --- verifying -----------------------------------------------------------------------------
+def _structure_problems(prefix: str) -> tuple[list[str], dict[str, str]]:
+    """Problems visible without reading tensors, and each tensor's data file (when the index parses)."""
+    name = os.path.basename(prefix)
+    if not os.path.exists(prefix + ".index"):
+        return [f"missing index file {name}.index"], {}
+    try:
+        header, entries = read_index(prefix)
+    except Exception:  # TensorFlow reads the index next and says what is wrong with it
+        header, entries = None, {}
+    shards = _shard_names(prefix, header.num_shards if header is not None else None)
+    if not shards:
+        return [f"missing data files ({name}.data-*)"], {}
+    missing = [os.path.basename(s) for s in shards if not os.path.exists(s)]
+    if missing:
+        return [f"missing data shard {', '.join(missing)}"], {}
+    problems, needed = [], {}
+    for entry in entries.values():
+        if entry.size and entry.shard_id < len(shards):
+            needed[entry.shard_id] = max(needed.get(entry.shard_id, 0), entry.offset + entry.size)
+    for shard_id, end in sorted(needed.items()):
+        size = os.path.getsize(shards[shard_id])
+        if size < end:
+            problems.append(
+                f"{os.path.basename(shards[shard_id])} is truncated: {size} bytes, the index places data up to byte {end}"
+            )
+    shard_of = {
+        key.decode("utf-8", "replace"): os.path.basename(shards[e.shard_id])
+        for key, e in entries.items() if e.shard_id < len(shards)
+    }
+    return problems, shard_of
+
+
+def _metadata_problems(prefix: str, tensor_step: int | None) -> list[str]:
+    name = os.path.basename(prefix) + METADATA_SUFFIX
+    if not os.path.exists(prefix + METADATA_SUFFIX):
+        return [f"missing metadata file {name}"]
+    metadata = read_metadata(prefix)
+    if not isinstance(metadata, dict):
+        return [f"metadata file {name} is not a JSON object"]
+    problems, step = [], metadata.get("global_step")
+    name_step = _step_of(prefix)
+    if name_step is not None and step != name_step:
+        problems.append(f"metadata file {name} says global_step={step!r}, the checkpoint's name says {name_step}")
+    if tensor_step is not None and step != tensor_step:
+        problems.append(f"metadata file {name} says global_step={step!r}, the checkpoint holds {tensor_step}")
+    return problems
+
+
+def verify_checkpoint(prefix: str) -> Verification:
+    """Reads every tensor of ``prefix`` (TensorFlow checks each one's CRC32C) and checks its files.
+
+    Never raises for a bad checkpoint: the result says what is wrong, in one line."""
+    import tensorflow as tf
+
+    problems, shard_of = _structure_problems(prefix)
+    if problems:  # reading would only fail again, less clearly
+        return Verification(path=prefix, ok=False, problem="; ".join(problems))
+    tensors = bytes_read = 0
+    tensor_step = None
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        names = sorted(reader.get_variable_to_shape_map())
+    except Exception as e:  # a corrupt index: TensorFlow raises OpError, ValueError, ...
+        return Verification(path=prefix, ok=False, problem=(
+            f"the index {os.path.basename(prefix)}.index cannot be read ({type(e).__name__}: {_first_line(e)})"))
+    for name in names:
+        try:
+            value = reader.get_tensor(name)
+        except Exception as e:  # a CRC mismatch is an OpError; a short file an IndexError
+            where = f" in {shard_of[name]}" if name in shard_of else ""
+            return Verification(path=prefix, ok=False, problem=(
+                f"tensor {name!r}{where} cannot be read ({type(e).__name__}: {_first_line(e)})"), tensors=tensors)
+        tensors += 1
+        bytes_read += getattr(value, "nbytes", 0)
+        if name == "progress/global_step" + _VALUE_SUFFIX:
+            tensor_step = int(value)
+    problems = _metadata_problems(prefix, tensor_step)
+    return Verification(path=prefix, ok=not problems, problem="; ".join(problems) or None,
+                        tensors=tensors, bytes_read=bytes_read)
+
+
+def verify(path: str, *, every: bool = False) -> tuple[list[Verification], list[CheckpointInfo]]:
+    """Verifies the latest checkpoint ``path`` names (every listed one with ``every``).
+
+    Returns the results and the directory's incomplete leftovers (reported, not verified).
+    A directory without a listed checkpoint but with leftovers gives one failed result per leftover."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        _check_directory(path)
+        try:
+            listed = _listed_paths(path)
+        except CheckpointError as e:  # a damaged state file is a failed verification, not a usage error
+            return [Verification(path=os.path.join(path, STATE_FILE), ok=False, problem=str(e))], []
+        leftovers = _leftovers(path, listed)
+        if not listed:
+            if not leftovers:
+                raise _no_checkpoint_error(path, [])
+            return [Verification(path=c.path, ok=False, problem=c.problem) for c in leftovers], []
+        prefixes = listed if every else listed[-1:]
+    else:
+        prefixes, leftovers = resolve(path), []
+    return [verify_checkpoint(p) for p in prefixes], leftovers

@@ -1,0 +1,64 @@
+"""Fault injection: ``TFDIST_FAULT`` makes a task kill itself at a chosen point of training.
+
+It exists to test and drill recovery without racing timers. The value is a comma-separated
+list of ``[ROLE:INDEX/]EVENT:STEP`` items:
+
+* ``kill_at_step:N``     SIGKILL right after global step N finished (nothing is saved).
+* ``kill_after_save:N``  SIGKILL right after the save at step N was started: with
+                         asynchronous saves the background write is still in flight.
+* ``term_at_step:N``     SIGTERM to itself after step N: the preemption path.
+
+With a ``ROLE:INDEX/`` prefix only that task fires. Faults fire only on the first run of a
+cluster (``TFDIST_RESTART`` unset or 0), so that a restarted job runs to the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+from tfdist import env
+from tfdist.errors import ClusterConfigError
+
+log = logging.getLogger("tfdist")
+
+EVENTS = {"kill_at_step": signal.SIGKILL, "kill_after_save": signal.SIGKILL, "term_at_step": signal.SIGTERM}
+
+
+def parse(raw: str | None, *, task_name: str) -> dict[tuple[str, int], int]:
+    """{(event, step): signal} of the faults that apply to ``task_name``."""
+    faults: dict[tuple[str, int], int] = {}
+    for item in (raw or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        target, _, spec = item.rpartition("/")
+        event, _, step = spec.partition(":")
+        if event not in EVENTS or not step.isdigit():
+            raise ClusterConfigError(
+                f"invalid {env.TFDIST_FAULT} item; received {item!r}. "
+                f"Fix: write [ROLE:INDEX/]EVENT:STEP with EVENT one of {', '.join(EVENTS)}."
+            )
+        if target and target != task_name:
+            continue
+        faults[(event, int(step))] = EVENTS[event]
+    return faults
+
+
+class Faults:
+    """The faults of this task; ``fire`` is called by the training loop at each event."""
+
+    def __init__(self, *, task_name: str, environ=None):
+        environ = os.environ if environ is None else environ
+        first_run = (env.get(env.TFDIST_RESTART, environ) or "0") == "0"
+        self._faults = parse(env.get(env.TFDIST_FAULT, environ), task_name=task_name) if first_run else {}
+
+    def fire(self, event: str, step: int) -> None:
+        sig = self._faults.pop((event, step), None)
+        if sig is None:
+            return
+        sys.stderr.write(f"tfdist: {env.TFDIST_FAULT}: {event} at step {step}: sending {signal.Signals(sig).name} to itself\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), sig)

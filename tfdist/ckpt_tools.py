@@ -23,7 +23,9 @@ STATE_FILE = "checkpoint"
 _DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 # ckpt-12.index, ckpt-12.data-00000-of-00001, ckpt-12.tfdist.json, ckpt-12_temp/, each maybe with a
 # ``.replaced-<stamp>`` (moved aside by Checkpointer) or ``.tmp-<pid>`` (a metadata write) tail.
-_FILE_RE = re.compile(r"^(?P<stem>.+?-(?P<step>\d+))(?P<kind>\.index|\.data-\d{5}-of-\d{5}|\.tfdist\.json|_temp)(?P<tail>.*)$")
+_FILE_RE = re.compile(
+    r"^(?P<stem>.+?-(?P<step>\d+))(?P<kind>\.index|\.data-\d{5}-of-\d{5}|\.tfdist\.json|_temp)(?P<tail>.*)$"
+)
 _REPLACED_RE = re.compile(r"\.replaced-(\S+)$")
 _STEP_RE = re.compile(r"-(\d+)$")
 _SERIALIZED_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -104,7 +106,9 @@ def _listed_paths(directory: str) -> list[str]:
     if not os.path.exists(state):
         return []
     try:
-        paths = checkpoint_paths(directory)
+        # An absolute directory: TensorFlow already joins relative entries with the directory it is
+        # given, and checkpoint_paths joins them again, which doubles a relative directory.
+        paths = [os.path.normpath(p) for p in checkpoint_paths(os.path.abspath(directory))]
     except Exception as e:  # get_checkpoint_state raises ValueError on an inconsistent state
         paths, reason = [], f"{type(e).__name__}: {_first_line(e)}"
     else:
@@ -251,7 +255,7 @@ def list_checkpoints(directory: str) -> list[CheckpointInfo]:
 
     Raises CheckpointError when ``directory`` is missing, is not a directory, or holds nothing
     that looks like a checkpoint."""
-    directory = os.fspath(directory)
+    directory = os.path.abspath(os.fspath(directory))
     _check_directory(directory)
     listed = _listed_paths(directory)
     leftovers = _leftovers(directory, listed)
@@ -263,7 +267,7 @@ def list_checkpoints(directory: str) -> list[CheckpointInfo]:
 def resolve(path: str, *, every: bool = False) -> list[str]:
     """The checkpoint prefixes ``path`` names: a prefix (``DIR/ckpt-8``, also ``.index``), or a
     directory's latest listed checkpoint (all of them with ``every``)."""
-    path = os.fspath(path)
+    path = os.path.abspath(os.fspath(path))
     for suffix in (".index", METADATA_SUFFIX):
         if path.endswith(suffix) and os.path.isfile(path):
             path = path[: -len(suffix)]
@@ -357,9 +361,9 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
     Returns a dictionary with ``path``, ``metadata`` (None without a metadata file),
     ``files`` (name and size), ``variables`` (name, shape, dtype, parameters, bytes) and
     ``summary`` (count, parameters and bytes in all and per top-level object)."""
+    (prefix,) = resolve(path)
     import tensorflow as tf
 
-    (prefix,) = resolve(path)
     try:
         shapes = dict(tf.train.list_variables(prefix))
         dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
@@ -428,7 +432,8 @@ def _structure_problems(prefix: str) -> tuple[list[str], dict[str, str]]:
         size = os.path.getsize(shards[shard_id])
         if size < end:
             problems.append(
-                f"{os.path.basename(shards[shard_id])} is truncated: {size} bytes, the index places data up to byte {end}"
+                f"{os.path.basename(shards[shard_id])} is truncated: {size} bytes, "
+                f"the index places data up to byte {end}"
             )
     shard_of = {
         key.decode("utf-8", "replace"): os.path.basename(shards[e.shard_id])
@@ -448,7 +453,7 @@ def _metadata_problems(prefix: str, tensor_step: int | None) -> list[str]:
     name_step = _step_of(prefix)
     if name_step is not None and step != name_step:
         problems.append(f"metadata file {name} says global_step={step!r}, the checkpoint's name says {name_step}")
-    if tensor_step is not None and step != tensor_step:
+    if tensor_step is not None and step != tensor_step and tensor_step != name_step:
         problems.append(f"metadata file {name} says global_step={step!r}, the checkpoint holds {tensor_step}")
     return problems
 
@@ -474,7 +479,8 @@ def verify_checkpoint(prefix: str) -> Verification:
         try:
             value = reader.get_tensor(name)
         except Exception as e:  # a CRC mismatch is an OpError; a short file an IndexError
-            where = f" in {shard_of[name]}" if name in shard_of else ""
+            where = shard_of.get(name) or ", ".join(sorted({os.path.basename(s) for s in _shard_names(prefix)}))
+            where = f" in {where}" if where else ""
             return Verification(path=prefix, ok=False, problem=(
                 f"tensor {name!r}{where} cannot be read ({type(e).__name__}: {_first_line(e)})"), tensors=tensors)
         tensors += 1
@@ -491,7 +497,7 @@ def verify(path: str, *, every: bool = False) -> tuple[list[Verification], list[
 
     Returns the results and the directory's incomplete leftovers (reported, not verified).
     A directory without a listed checkpoint but with leftovers gives one failed result per leftover."""
-    path = os.fspath(path)
+    path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path):
         _check_directory(path)
         try:

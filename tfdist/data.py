@@ -322,25 +322,31 @@ def dataset_fn(
         else:
             stream = source.dataset.map(lambda *e: tuple(e[:2]))
 
-            def epoch_dataset(epoch):
+            def epoch_dataset(epoch: int):  # a Python int: shuffle seeds must be Python values
                 shuffled = stream
                 if plan.shuffle:
-                    seed = tf.constant(plan.seed, tf.int64) * 1_000_003 + epoch
-                    shuffled = stream.shuffle(source.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+                    shuffled = stream.shuffle(source.shuffle_buffer, seed=plan.seed * 1_000_003 + epoch,
+                                              reshuffle_each_iteration=False)
                 batches = shuffled.repeat().batch(sizes.global_batch_size, drop_remainder=True).take(spe)
-                steps = steps_of(epoch)
-                first = tf.cast(tf.data.experimental.get_single_element(steps.take(1)), tf.int64)
-                batches = batches.skip(first)  # O(position): the documented cost of a stream
-                if step_stride > 1:
-                    batches = batches.shard(step_stride, 0)
-                return batches.take(tf.cast(steps.cardinality(), tf.int64)).map(
+                begin = max(first_step, epoch * spe)
+                begin += (first_step - begin) % step_stride
+                end = (epoch + 1) * spe if stop is None else min((epoch + 1) * spe, stop)
+                batches = batches.skip(begin - epoch * spe)  # O(position): the documented cost of a stream
+                batches = batches.take(max(0, end - begin)).shard(step_stride, 0)
+                return batches.map(
                     lambda x, y: (
                         tf.reshape(x[offset : offset + length], tf.concat([[local_replicas, per_replica], tf.shape(x)[1:]], 0)),
                         tf.reshape(y[offset : offset + length], tf.concat([[local_replicas, per_replica], tf.shape(y)[1:]], 0)),
                     )
                 ).unbatch()
 
-            ds = epochs.flat_map(epoch_dataset)
+            # Parameter servers run on past the end: cycle through the run's epochs again.
+            final = last_epoch if last_epoch is not None else first_epoch + plan.epochs - 1
+            ds = epoch_dataset(first_epoch)
+            for epoch in range(first_epoch + 1, final + 1):
+                ds = ds.concatenate(epoch_dataset(epoch))
+            if last_epoch is None:
+                ds = ds.repeat()
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         options.deterministic = True
@@ -446,15 +452,16 @@ def load_tfds(name: str, *, data_dir: str | None = None) -> tuple[ArraySource, A
 
     def read(split):
         try:
-            ds = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True, batch_size=-1, download=False)
+            ds = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True, download=False)
         except (AssertionError, tfds.core.registered.DatasetNotFoundError, FileNotFoundError) as e:
             raise DataError(
                 f"TensorFlow Datasets '{name}' is not prepared in {builder.data_dir!r}; received data='tfds:{name}' "
                 f"({type(e).__name__}). Fix: run `tfds build {name}` where the network is reachable, then copy the "
                 "data directory here (or set TFDS_DATA_DIR)."
             ) from None
-        x, y = tfds.as_numpy(ds)
-        return _scaled(np.asarray(x)), np.asarray(y)
+        # Read in large batches (batch_size=-1 reads it in one op, which aborts on some builders).
+        xs, ys = zip(*tfds.as_numpy(ds.batch(8192)))
+        return _scaled(np.concatenate(xs)), np.concatenate(ys)
 
     train = ArraySource(*read(train_split), name=f"tfds:{name}[{train_split}]")
     val = ArraySource(*read(val_split), name=f"tfds:{name}[{val_split}]") if val_split else None

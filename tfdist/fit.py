@@ -248,6 +248,7 @@ def fit(
         raise DataError(f"Invalid `epochs`; received epochs={epochs!r}. Fix: use a positive integer.")
     if isinstance(grad_accum_steps, bool) or not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
         raise DataError(f"Invalid `grad_accum_steps`; received grad_accum_steps={grad_accum_steps!r}. Fix: use a positive integer.")
+    keras_model.check_argument(model)
     if cluster.task_type == EVALUATOR:
         raise ModelError(
             "tfdist.fit does not train on the evaluator task; received task evaluator:0. "

@@ -66,6 +66,15 @@ def precision_policy(precision: str):
         tf_keras.mixed_precision.set_global_policy(previous)
 
 
+def check_argument(model: Any) -> None:
+    """Refuses at once what can never work: a Keras 3 model, or neither a model nor a function."""
+    import tf_keras
+
+    if isinstance(model, tf_keras.Model) or (callable(model) and not _is_keras3(model)):
+        return
+    check_tf_keras(model)
+
+
 def _rebuild(model, strategy):
     """Rebuilds a Sequential or functional model inside the strategy's scope."""
     import tf_keras
@@ -87,8 +96,8 @@ def _rebuild(model, strategy):
             metrics=args["metrics"],
             loss_weights=args["loss_weights"],
             weighted_metrics=args["weighted_metrics"],
-            steps_per_execution=args["steps_per_execution"],
-            jit_compile=args["jit_compile"],
+            steps_per_execution=int(model._steps_per_execution.numpy()) if model._steps_per_execution is not None else 1,
+            jit_compile=getattr(model, "_jit_compile", None),
         )
     log.info("model %s was created outside the strategy's scope: rebuilt inside it with its weights", model.name)
     return rebuilt

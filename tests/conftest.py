@@ -1,0 +1,129 @@
+"""Shared fixtures: environment-leak guard, subprocess helpers, checkpoint comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+_CONTRACT_PREFIXES = ("TF_CONFIG", "SLURM_", "TFDIST_")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _contract_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith(_CONTRACT_PREFIXES)}
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_leaks():
+    """Fails a test that leaves TF_CONFIG, SLURM_* or TFDIST_* changed (use monkeypatch)."""
+    before = _contract_env()
+    yield
+    after = _contract_env()
+    assert after == before, f"test leaked environment variables: {sorted(set(after.items()) ^ set(before.items()))}"
+
+
+def base_env(**extra: str) -> dict:
+    """A subprocess environment without any cluster configuration, plus ``extra``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(_CONTRACT_PREFIXES)}
+    environ.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", PYTHONPATH=REPO + os.pathsep + environ.get("PYTHONPATH", ""))
+    environ.update(extra)
+    return environ
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processes:
+    """Starts subprocesses in their own process groups and kills what is left in teardown."""
+
+    def __init__(self):
+        self._procs: list[subprocess.Popen] = []
+
+    def start(self, args, *, env=None, cwd=None) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            args, env=env or base_env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )
+        self._procs.append(proc)
+        return proc
+
+    def run(self, args, *, timeout: float, env=None, cwd=None) -> tuple[int, str]:
+        proc = self.start(args, env=env, cwd=cwd)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._kill(proc)
+            out, _ = proc.communicate()
+            pytest.fail(f"{args[:6]} did not finish within {timeout} s; output:\n{out[-4000:]}")
+        return proc.returncode, out
+
+    def tfdist(self, *args, timeout: float = 240, env=None, cwd=None) -> tuple[int, str]:
+        return self.run([sys.executable, "-m", "tfdist", *args], timeout=timeout, env=env, cwd=cwd)
+
+    @staticmethod
+    def _kill(proc):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self):
+        for proc in self._procs:
+            if proc.poll() is None:
+                self._kill(proc)
+                proc.wait(timeout=30)
+            if proc.stdout:
+                proc.stdout.close()
+
+
+@pytest.fixture
+def procs():
+    processes = Processes()
+    yield processes
+    processes.close()
+
+
+def checkpoint_tensors(directory: str, *, prefix: str | None = None) -> dict:
+    """Every tensor of the latest checkpoint in ``directory`` (save counters left out)."""
+    import tensorflow as tf
+
+    path = prefix or tf.train.latest_checkpoint(directory)
+    assert path, f"no checkpoint in {directory}"
+    reader = tf.train.load_checkpoint(path)
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if not name.startswith(("save_counter", "_CHECKPOINTABLE_OBJECT_GRAPH"))
+    }
+
+
+def assert_bit_identical(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b), set(a) ^ set(b)
+    different = [name for name in a if not np.array_equal(a[name], b[name])]
+    assert not different, f"{len(different)} of {len(a)} tensors differ, e.g. {different[:5]}"
+
+
+def read_json(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")

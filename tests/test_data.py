@@ -1,0 +1,172 @@
+"""The data path: batch arithmetic, per-epoch order, O(1) resume position, pipeline slices."""
+
+import numpy as np
+import pytest
+
+from tfdist import data
+from tfdist.errors import BatchSizeError, DataError
+
+
+class _Context:
+    def __init__(self, pipelines, pipeline_id):
+        self.num_input_pipelines, self.input_pipeline_id = pipelines, pipeline_id
+
+
+def _source(n=100, features=3):
+    x = np.arange(n * features, dtype=np.float32).reshape(n, features)
+    return data.ArraySource(x, np.arange(n, dtype=np.int64))
+
+
+def _labels(ds):
+    return [y.tolist() for _, y in ds.as_numpy_iterator()]
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (dict(num_replicas=2), (64, 32, 1)),
+        (dict(num_replicas=2, batch_size=20), (20, 10, 1)),
+        (dict(num_replicas=4, per_replica_batch_size=8), (32, 8, 1)),
+        (dict(num_replicas=1, batch_size=10, grad_accum_steps=2), (10, 5, 2)),
+        (dict(num_replicas=2, per_replica_batch_size=5, grad_accum_steps=3), (30, 5, 3)),
+    ],
+)
+def test_batch_arithmetic(kwargs, expected):
+    sizes = data.BatchSizes.resolve(**kwargs)
+    assert (sizes.global_batch_size, sizes.micro_batch_size, sizes.grad_accum_steps) == expected
+    assert sizes.global_batch_size == sizes.grad_accum_steps * sizes.num_replicas * sizes.micro_batch_size
+
+
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        (dict(num_replicas=3, batch_size=100), "batch_size=100 is not divisible by replicas x grad_accum_steps = 3 x 1 = 3"),
+        (dict(num_replicas=2, batch_size=10, grad_accum_steps=4), "multiple of 8"),
+        (dict(num_replicas=2, batch_size=20, per_replica_batch_size=4), "disagree"),
+        (dict(num_replicas=1, batch_size=0), "received batch_size=0"),
+        (dict(num_replicas=1, per_replica_batch_size=-3), "per_replica_batch_size=-3"),
+        (dict(num_replicas=1, grad_accum_steps=0), "grad_accum_steps=0"),
+    ],
+)
+def test_batch_errors_name_the_values_and_the_fix(kwargs, text):
+    with pytest.raises(BatchSizeError) as info:
+        data.BatchSizes.resolve(**kwargs)
+    assert text in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_steps_per_epoch_drops_the_remainder_and_checks_size():
+    sizes = data.BatchSizes.resolve(num_replicas=1, batch_size=30)
+    assert data.steps_per_epoch_for(_source(100), sizes, None) == 3
+    assert data.steps_per_epoch_for(_source(100), sizes, 7) == 7
+    with pytest.raises(BatchSizeError, match="larger than the data"):
+        data.steps_per_epoch_for(_source(10), sizes, None)
+
+
+def _plan(global_batch=8, replicas=2, spe=5, epochs=3, seed=7, accum=1):
+    sizes = data.BatchSizes.resolve(num_replicas=replicas, batch_size=global_batch, grad_accum_steps=accum)
+    return data.DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=epochs, seed=seed)
+
+
+def test_each_epoch_is_a_fresh_permutation_and_pipelines_recompose_the_global_batch():
+    source, plan = _source(40), _plan(global_batch=8, replicas=2, spe=5, epochs=2)
+    one = _labels(data.dataset_fn(source, plan, start_step=0, stop_step=plan.total_steps)(_Context(1, 0)))
+    # one pipeline, two replicas: two per-replica batches of 4 per step
+    assert len(one) == plan.total_steps * 2 and all(len(b) == 4 for b in one)
+    epoch0 = sum(one[:10], [])
+    epoch1 = sum(one[10:], [])
+    assert sorted(epoch0) == list(range(40)) and sorted(epoch1) == list(range(40))
+    assert epoch0 != epoch1
+    # two pipelines (workers) with one replica each: worker w gets replica w's slice
+    w0 = _labels(data.dataset_fn(source, plan, start_step=0, stop_step=plan.total_steps)(_Context(2, 0)))
+    w1 = _labels(data.dataset_fn(source, plan, start_step=0, stop_step=plan.total_steps)(_Context(2, 1)))
+    assert w0 == one[0::2] and w1 == one[1::2]
+
+
+def test_order_depends_on_the_seed_only():
+    source = _source(40)
+    a = _labels(data.dataset_fn(source, _plan(seed=1), start_step=0, stop_step=15)(None))
+    b = _labels(data.dataset_fn(source, _plan(seed=1), start_step=0, stop_step=15)(None))
+    c = _labels(data.dataset_fn(source, _plan(seed=2), start_step=0, stop_step=15)(None))
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("start", [0, 1, 4, 5, 6, 13])
+def test_resuming_at_step_t_yields_exactly_the_batches_from_t(start):
+    source, plan = _source(40), _plan(global_batch=8, replicas=2, spe=5, epochs=3)
+    full = _labels(data.dataset_fn(source, plan, start_step=0, stop_step=plan.total_steps)(None))
+    resumed = _labels(data.dataset_fn(source, plan, start_step=start, stop_step=plan.total_steps)(None))
+    assert resumed == full[start * 2:]
+
+
+def test_a_far_position_is_reached_without_replaying_the_epoch():
+    # 200,000 steps of one example each: start at step 199,990 and read the rest.
+    source = data.ArraySource(np.zeros((200_000, 1), np.float32), np.arange(200_000))
+    sizes = data.BatchSizes.resolve(num_replicas=1, batch_size=1)
+    plan = data.DataPlan(sizes=sizes, steps_per_epoch=200_000, epochs=1, seed=0, shuffle=False)
+    ds = data.dataset_fn(source, plan, start_step=199_990, stop_step=200_000)(None)
+    assert _labels(ds) == [[i] for i in range(199_990, 200_000)]
+
+
+def test_parameter_server_workers_take_interleaved_whole_steps_forever():
+    source, plan = _source(40), _plan(global_batch=8, replicas=1, spe=5, epochs=1)
+    full = _labels(data.dataset_fn(source, _plan(global_batch=8, replicas=1, spe=5, epochs=4), start_step=0, stop_step=20)(None))
+    w0 = data.dataset_fn(source, plan, start_step=3, parameter_server=True)(_Context(2, 0))
+    w1 = data.dataset_fn(source, plan, start_step=3, parameter_server=True)(_Context(2, 1))
+    got0 = _labels(w0.take(6))
+    got1 = _labels(w1.take(6))
+    assert got0 == full[3:15:2] and got1 == full[4:16:2]  # past the run's end it keeps cycling epochs
+
+
+def test_stream_source_resumes_by_skipping_and_matches_the_full_order():
+    import tensorflow as tf
+
+    xs = np.arange(60, dtype=np.float32).reshape(30, 2)
+    stream = data.StreamSource(tf.data.Dataset.from_tensor_slices((xs, np.arange(30))).filter(lambda x, y: True))
+    assert stream.num_examples is None
+    sizes = data.BatchSizes.resolve(num_replicas=1, batch_size=4)
+    spe = data.steps_per_epoch_for(stream, sizes, None)
+    assert spe == 7
+    plan = data.DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=2, seed=3)
+    full = _labels(data.dataset_fn(stream, plan, start_step=0, stop_step=plan.total_steps)(None))
+    assert len(full) == 14 and full[:7] != full[7:]
+    for start in (3, 7, 9):
+        assert _labels(data.dataset_fn(stream, plan, start_step=start, stop_step=plan.total_steps)(None)) == full[start:]
+
+
+def test_invalid_data_is_refused_with_the_fix():
+    import tensorflow as tf
+
+    with pytest.raises(DataError, match="same first dimension"):
+        data.ArraySource(np.zeros((3, 2)), np.zeros(4))
+    with pytest.raises(DataError, match="before .batch"):
+        data.StreamSource(tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4))).batch(2))
+    with pytest.raises(DataError, match="unknown data"):
+        data.load("imagenet")
+    with pytest.raises(DataError, match="unsupported `data`"):
+        data.as_source(42)
+
+
+def test_digits_is_bundled_and_split_the_same_way_every_time():
+    train, val = data.load_digits()
+    assert train.num_examples + val.num_examples == 1797
+    assert train.example_shape == (8, 8, 1) and float(train.x.max()) <= 1.0
+    assert data.load_digits()[1].fingerprint() == val.fingerprint()
+
+
+def test_npz_data(tmp_path):
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.random.rand(50, 4).astype(np.float32), y=np.arange(50) % 3)
+    train, val = data.load(str(path))
+    assert train.num_examples + val.num_examples == 50
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, features=np.zeros(3))
+    with pytest.raises(DataError, match="arrays named x and y"):
+        data.load(str(bad))
+
+
+def test_tfds_mock_data_is_read_without_download():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=24):
+        train, val = data.load("tfds:mnist")
+    assert train.num_examples == 24 and train.example_shape == (28, 28, 1)
+    assert float(train.x.max()) <= 1.0

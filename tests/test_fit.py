@@ -1,0 +1,168 @@
+"""tfdist.fit under one_device in process, and mirrored / central_storage on two logical CPUs."""
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist import models
+from tfdist.errors import BatchSizeError, ModelError
+
+from conftest import base_env
+
+CNN = models.builder("cnn", input_shape=(8, 8, 1), num_classes=10)
+
+
+def _linear_sgd():
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
+    model.compile(tf_keras.optimizers.SGD(0.1), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def test_fit_trains_under_one_device_and_reports_the_run():
+    history = tfdist.fit(CNN, "digits", epochs=3, batch_size=64, strategy="one_device", seed=0, verbose=0)
+    summary = history.tfdist
+    assert summary.strategy == "one_device" and summary.num_replicas == 1
+    assert summary.steps_per_epoch == 1437 // 64 and summary.global_step == 3 * summary.steps_per_epoch
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert set(history.history) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert len(history.epoch) == 3
+
+
+def test_same_seed_with_determinism_gives_identical_weights():
+    runs = [tfdist.fit(CNN, "digits", epochs=1, batch_size=128, strategy="one_device", seed=5, deterministic=True,
+                       verbose=0).model.get_weights() for _ in range(2)]
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+
+
+def test_a_compiled_model_created_outside_the_scope_is_rebuilt_with_its_weights(caplog):
+    model = _linear_sgd()
+    before = [w.copy() for w in model.get_weights()]
+    with caplog.at_level("INFO", logger="tfdist"):
+        history = tfdist.fit(model, "digits", epochs=1, batch_size=64, strategy="one_device", seed=0, verbose=0,
+                             steps_per_epoch=1)
+    assert "rebuilt inside it with its weights" in caplog.text
+    assert history.model is not model
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))  # the user's model is untouched
+    assert type(history.model.optimizer).__name__ == "SGD"
+
+
+def test_refusals_name_the_problem_and_the_fix():
+    import tf_keras
+
+    class Sub(tf_keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = tf_keras.layers.Dense(10)
+
+        def call(self, x):
+            return self.dense(tf_keras.layers.Flatten()(x))
+
+    sub = Sub()
+    sub.compile("sgd", "sparse_categorical_crossentropy")
+    with pytest.raises(ModelError, match="subclassed model .* Fix: pass a function"):
+        tfdist.fit(sub, "digits", strategy="one_device", verbose=0)
+    with pytest.raises(ModelError, match="not compiled"):
+        tfdist.fit(lambda: tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(),
+                                                tf_keras.layers.Dense(10)]), "digits", strategy="one_device", verbose=0)
+    with pytest.raises(ModelError, match="BackupAndRestore"):
+        tfdist.fit(CNN, "digits", strategy="one_device", verbose=0,
+                   callbacks=[tf_keras.callbacks.BackupAndRestore("/tmp/unused-backup")])
+    with pytest.raises(BatchSizeError, match="batch_size=64 is not divisible"):
+        tfdist.fit(CNN, "digits", strategy="one_device", verbose=0, batch_size=64, grad_accum_steps=3)
+    with pytest.raises(ModelError, match="must be a compiled tf_keras model"):
+        tfdist.fit("not a model", "digits", strategy="one_device", verbose=0)
+
+
+def test_a_keras_3_model_gets_the_tf_keras_fix():
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("3"):
+        pytest.skip("Keras 3 is not installed")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    with pytest.raises(ModelError) as info:
+        tfdist.fit(model, (np.zeros((8, 4)), np.zeros((8, 2))), strategy="one_device", verbose=0)
+    assert "Keras 3" in str(info.value) and "TF_USE_LEGACY_KERAS=1" in str(info.value)
+
+
+def test_gradient_accumulation_equals_the_large_batch_under_one_device():
+    big = tfdist.fit(_linear_sgd, "digits", epochs=2, batch_size=64, seed=1, deterministic=True,
+                     strategy="one_device", verbose=0)
+    acc = tfdist.fit(_linear_sgd, "digits", epochs=2, batch_size=64, grad_accum_steps=4, seed=1, deterministic=True,
+                     strategy="one_device", verbose=0)
+    assert acc.tfdist.micro_batch_size == 16 and acc.tfdist.grad_accum_steps == 4
+    assert int(acc.model.optimizer.iterations.numpy()) == int(big.model.optimizer.iterations.numpy()) == 2 * 22
+    for a, b in zip(big.model.get_weights(), acc.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(big.history["loss"], acc.history["loss"], rtol=1e-5)
+
+
+def test_mixed_precision_under_one_device():
+    history = tfdist.fit(CNN, "digits", epochs=1, batch_size=64, mixed_precision="mixed_float16",
+                         strategy="one_device", seed=0, verbose=0)
+    model = history.model
+    assert type(model.optimizer).__name__.startswith("LossScaleOptimizer")
+    assert model.layers[1].compute_dtype == "float16" and model.outputs[0].dtype.name == "float32"
+    assert np.isfinite(history.history["loss"][0])
+    with pytest.raises(ModelError, match="mixed_precision"):
+        tfdist.fit(CNN, "digits", mixed_precision="float8", strategy="one_device", verbose=0)
+
+
+def test_a_tf_data_stream_of_unknown_length_trains():
+    import tensorflow as tf
+
+    from tfdist.data import load_digits
+
+    train, _ = load_digits()
+    stream = tf.data.Dataset.from_tensor_slices((train.x, train.y)).filter(lambda x, y: y >= 0)
+    history = tfdist.fit(CNN, stream, epochs=1, batch_size=100, strategy="one_device", seed=0, verbose=0)
+    assert history.tfdist.steps_per_epoch == 14 and history.tfdist.global_step == 14
+
+
+_TWO_CPUS = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import tfdist
+    devices = tfdist.split_cpu(2)
+    import tf_keras
+    from tfdist import models
+    cnn = models.builder("cnn", input_shape=(8, 8, 1), num_classes=10)
+    def linear():
+        m = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
+        m.compile(tf_keras.optimizers.SGD(0.1), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+    out = {}
+    for name in ("mirrored", "central_storage"):
+        h = tfdist.fit(cnn, "digits", epochs=2, batch_size=64, strategy=name, devices=devices, seed=0, verbose=0)
+        out[name] = {"replicas": h.tfdist.num_replicas, "strategy": h.tfdist.strategy, "loss": h.history["loss"],
+                     "per_replica": h.tfdist.per_replica_batch_size}
+    big = tfdist.fit(linear, "digits", epochs=1, batch_size=64, strategy="mirrored", devices=devices, seed=1, deterministic=True, verbose=0)
+    acc = tfdist.fit(linear, "digits", epochs=1, batch_size=64, grad_accum_steps=2, strategy="mirrored", devices=devices, seed=1, deterministic=True, verbose=0)
+    out["accum_maxdiff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(big.model.get_weights(), acc.model.get_weights()))
+    out["accum_micro"] = acc.tfdist.micro_batch_size
+    mp = tfdist.fit(cnn, "digits", epochs=1, batch_size=64, strategy="mirrored", devices=devices, mixed_precision="mixed_float16", seed=0, verbose=0)
+    out["mp"] = {"optimizer": type(mp.model.optimizer).__name__, "loss": mp.history["loss"][0], "replicas": mp.tfdist.num_replicas}
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_mirrored_and_central_storage_on_two_logical_cpus(procs):
+    code, out = procs.run([sys.executable, "-c", _TWO_CPUS], timeout=280, env=base_env())
+    assert code == 0, out[-3000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    for name in ("mirrored", "central_storage"):
+        run = result[name]
+        assert run["strategy"] == name and run["replicas"] == 2 and run["per_replica"] == 32
+        assert run["loss"][1] < run["loss"][0]
+    assert result["accum_micro"] == 16 and result["accum_maxdiff"] < 1e-5
+    assert result["mp"]["optimizer"].startswith("LossScaleOptimizer") and result["mp"]["replicas"] == 2
+    assert np.isfinite(result["mp"]["loss"])

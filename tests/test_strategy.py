@@ -1,0 +1,125 @@
+"""The auto rule, strategy options, and `tfdist env` under faked environments."""
+
+import json
+import sys
+
+import pytest
+
+from tfdist import strategy
+from tfdist.cluster import ClusterSpec, parse_tf_config
+from tfdist.errors import StrategyError
+
+from conftest import base_env
+
+PS = {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"]}, "task": {"type": "chief", "index": 0}}
+MW = {"cluster": {"worker": ["w:1", "w:2"]}, "task": {"type": "worker", "index": 0}}
+ONE = {"cluster": {"worker": ["w:1"]}, "task": {"type": "worker", "index": 0}}
+
+
+@pytest.mark.parametrize(
+    "config, gpus, name, reason",
+    [
+        (PS, 0, "parameter_server", "1 ps and 2 worker"),
+        (PS, 4, "parameter_server", "1 ps"),
+        (MW, 0, "multi_worker_mirrored", "TF_CONFIG lists 2 workers"),
+        (MW, 8, "multi_worker_mirrored", "2 workers"),
+        (ONE, 2, "mirrored", "2 GPUs"),
+        (None, 2, "mirrored", "2 GPUs on this machine"),
+        (None, 1, "one_device", "1 GPU"),
+        (None, 0, "one_device", "no GPU"),
+    ],
+)
+def test_auto_rule_order_and_reason(config, gpus, name, reason):
+    spec = parse_tf_config(config) if config else ClusterSpec()
+    choice = strategy.choose(spec, num_gpus=gpus)
+    assert choice.name == name
+    assert reason in choice.reason
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"devices": "/cpu:0"}, "devices"),
+        ({"devices": ()}, "devices"),
+        ({"all_reduce": "magic"}, "all_reduce"),
+        ({"bytes_per_pack": -1}, "bytes_per_pack"),
+        ({"collective_timeout": 0}, "collective_timeout"),
+        ({"startup_timeout": -5}, "startup_timeout"),
+    ],
+)
+def test_options_validate_themselves(kwargs, field):
+    with pytest.raises(StrategyError, match=f"`{field}`"):
+        strategy.StrategyOptions(**kwargs)
+
+
+def test_unknown_name_and_mismatched_cluster():
+    with pytest.raises(StrategyError, match="received strategy='best'"):
+        strategy.resolve_name("best", ClusterSpec())
+    with pytest.raises(StrategyError, match="several tasks"):
+        strategy.make_strategy("mirrored", cluster=parse_tf_config(MW))
+    with pytest.raises(StrategyError, match="needs a cluster with ps"):
+        strategy.make_strategy("parameter_server", cluster=ClusterSpec())
+
+
+def test_nccl_on_a_machine_without_gpus_is_refused():
+    with pytest.raises(StrategyError, match="needs GPUs"):
+        strategy.make_strategy("mirrored", cluster=ClusterSpec(), all_reduce="nccl")
+
+
+def test_one_device_is_made_once_and_reused():
+    import tensorflow as tf
+
+    first = strategy.make_strategy("one_device", cluster=ClusterSpec())
+    assert isinstance(first, tf.distribute.OneDeviceStrategy)
+    assert strategy.make_strategy("one_device", cluster=ClusterSpec()) is first
+    assert strategy.name_of(first) == "one_device"
+    ready = tf.distribute.OneDeviceStrategy("/cpu:0")
+    assert strategy.make_strategy(ready) is ready and strategy.name_of(ready) == "one_device"
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        (None, {"strategy": "one_device", "task_type": None, "num_workers": 1, "num_ps": 0}),
+        (MW, {"strategy": "multi_worker_mirrored", "task_type": "worker", "task_index": 0, "num_workers": 2}),
+        (PS, {"strategy": "parameter_server", "task_type": "chief", "num_workers": 3, "num_ps": 1}),
+        (
+            {"cluster": {"master": ["m:1"], "worker": ["w:1"]}, "task": {"type": "worker", "index": 0}, "environment": "cloud"},
+            {"strategy": "multi_worker_mirrored", "task_type": "worker", "num_workers": 2, "environment": "cloud"},
+        ),
+    ],
+)
+def test_env_json_reports_the_auto_choice(monkeypatch, capsys, config, expected):
+    from tfdist.cli import main
+
+    if config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    assert main(["env", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    for key in ("strategy", "reason", "task_type", "task_index", "num_workers", "num_ps", "devices"):
+        assert key in info
+    for key, value in expected.items():
+        assert info[key] == value, key
+
+
+def test_env_with_invalid_tf_config_exits_nonzero_with_one_line(procs):
+    code, out = procs.run([sys.executable, "-m", "tfdist", "env", "--json"], timeout=60,
+                          env=base_env(TF_CONFIG='{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 5}}'))
+    assert code == 2
+    assert "Traceback" not in out
+    errors = [line for line in out.splitlines() if line.startswith("tfdist: error:")]
+    assert len(errors) == 1 and "task.index; received 5" in errors[0]
+
+
+def test_help_does_not_import_tensorflow(procs):
+    code, out = procs.run(
+        [sys.executable, "-c", "import sys; from tfdist.cli import main\n"
+         "for c in ([], ['train'], ['env'], ['ckpt'], ['launch'], ['cluster'], ['plan']):\n"
+         "    try: main([*c, '--help'])\n"
+         "    except SystemExit: pass\n"
+         "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\nprint('ok')"],
+        timeout=60,
+    )
+    assert code == 0 and out.strip().endswith("ok"), out[-2000:]

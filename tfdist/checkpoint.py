@@ -140,7 +140,7 @@ def checkpoint_paths(directory: str) -> list[str]:
     if state is None:
         return []
     paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    return [p if os.path.isabs(p) else os.path.join(directory, p) for p in paths if p]
+    return [p for p in paths if p]  # TensorFlow already prefixes them with ``directory``
 
 
 def latest_metadata(directory: str) -> dict | None:
@@ -325,7 +325,7 @@ class Checkpointer:
                 self.root.restore(path).assert_existing_objects_matched()
             except CheckpointMismatchError:
                 raise
-            except (tf.errors.OpError, AssertionError, ValueError) as e:
+            except (tf.errors.OpError, AssertionError, ValueError, IndexError, OSError) as e:  # IndexError: truncated file
                 log.warning("checkpoint %s cannot be read (%s: %s); falling back to the previous one",
                             path, type(e).__name__, str(e).splitlines()[0][:200])
                 continue

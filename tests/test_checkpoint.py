@@ -1,0 +1,248 @@
+"""Exact resume: runs killed at any moment and started again end bit-identical to a run never interrupted.
+
+Each scenario runs the real ``tfdist train`` in subprocesses. Kills are placed with
+``TFDIST_FAULT`` (a task kills itself at an exact step, or right after starting an async
+save) rather than by racing a timer; one test also kills from outside.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import assert_bit_identical, base_env, checkpoint_tensors, read_json, wait_for
+
+TRAIN = ["train", "--model", "cnn", "--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "32", "--seed", "4",
+         "--deterministic", "--save-every-steps", "3", "--verbose", "0"]
+TOTAL = 24
+STRATEGY_ARGS = {
+    "one_device": ["--strategy", "one_device"],
+    "mirrored": ["--strategy", "mirrored", "--cpu-devices", "2"],
+    "central_storage": ["--strategy", "central_storage", "--cpu-devices", "2"],
+}
+
+
+def _train(procs, out_dir, extra=(), fault=None, timeout=240):
+    environ = base_env(**({"TFDIST_FAULT": fault} if fault else {}))
+    return procs.tfdist(*TRAIN, *extra, "--output-dir", str(out_dir), "--summary-json", str(out_dir / "summary.json"),
+                        timeout=timeout, env=environ)
+
+
+def _resumed_at(out: str) -> int:
+    """The global step a run resumed from (0 if it started fresh), from its log."""
+    if "resuming from" not in out:
+        return 0
+    return int(out.split("resuming from")[1].split("global step ")[1].split(" ")[0])
+
+
+def _history(out_dir):
+    prefix = max(glob.glob(str(out_dir / "checkpoints" / "ckpt-*.tfdist.json")), key=lambda p: int(p.split("-")[-1].split(".")[0]))
+    return read_json(prefix)["history"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", sorted(STRATEGY_ARGS))
+def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, tmp_path, strategy):
+    args = STRATEGY_ARGS[strategy]
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    code, out = _train(procs, reference, args)
+    assert code == 0, out[-3000:]
+
+    # 1. SIGKILL mid-epoch (step 5 of 8; the save of step 3 may still be in flight).
+    code, out = _train(procs, interrupted, args, fault="kill_at_step:5")
+    assert code == -signal.SIGKILL, out[-3000:]
+    # 2. SIGKILL at the epoch boundary, while the asynchronous save of step 16 is in flight.
+    code, out = _train(procs, interrupted, args, fault="kill_after_save:16")
+    assert code == -signal.SIGKILL, out[-3000:]
+    assert _resumed_at(out) in (0, 3)  # 0: step 3's save had not completed, so nothing was listed
+    # 3. SIGTERM (preemption) at step 20: saves there and exits with 75.
+    code, out = _train(procs, interrupted, args, fault="term_at_step:20")
+    assert code == 75, out[-3000:]
+    # Resumed from a completed save: every 3 steps, or 16 if its save finished before the kill.
+    assert _resumed_at(out) in (3, 6, 9, 12, 15, 16)
+    # 4. The same command again runs to the end.
+    code, out = _train(procs, interrupted, args)
+    assert code == 0, out[-3000:]
+    summary = read_json(interrupted / "summary.json")
+    assert summary["start_step"] == 20 and summary["resumed_from"].endswith("ckpt-20")
+    assert summary["global_step"] == TOTAL and summary["strategy"] == strategy
+
+    assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),
+                         checkpoint_tensors(str(interrupted / "checkpoints")))
+    expected = read_json(reference / "summary.json")
+    assert summary["final_loss"] == expected["final_loss"] and summary["val_accuracy"] == expected["val_accuracy"]
+    assert _history(interrupted) == _history(reference)
+
+    # A run that already finished reports it instead of training again.
+    code, out = _train(procs, interrupted, args)
+    assert code == 0 and "already complete at step 24" in out
+    assert read_json(interrupted / "summary.json")["start_step"] == TOTAL
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_from_outside_saves_and_the_rerun_is_identical(procs, tmp_path):
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    code, out = _train(procs, reference)
+    assert code == 0, out[-3000:]
+    args = [sys.executable, "-m", "tfdist", *TRAIN, "--epochs", "3", "--output-dir", str(interrupted),
+            "--summary-json", str(interrupted / "summary.json")]
+    proc = procs.start(args, env=base_env())
+    wait_for(lambda: os.path.exists(interrupted / "checkpoints" / "checkpoint") or proc.poll() is not None,
+             timeout=120, what="the first checkpoint")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode in (75, 0), out[-3000:]  # 0 only if the run finished before the signal landed
+    if proc.returncode == 75:
+        assert "SIGTERM received" in out and "exiting with code 75" in out
+    code, out = _train(procs, interrupted)
+    assert code == 0, out[-3000:]
+    assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),
+                         checkpoint_tensors(str(interrupted / "checkpoints")))
+
+
+def _tree_digest(directory) -> dict:
+    return {
+        os.path.relpath(p, directory): hashlib.sha256(open(p, "rb").read()).hexdigest()
+        for p in sorted(glob.glob(os.path.join(directory, "**"), recursive=True)) if os.path.isfile(p)
+    }
+
+
+def _tiny():
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((6,)), tf_keras.layers.Dense(16, activation="relu"),
+                                 tf_keras.layers.Dropout(0.3), tf_keras.layers.Dense(3)])
+    model.compile(tf_keras.optimizers.Adam(0.01), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=3)
+    return model
+
+
+_RNG = np.random.RandomState(0)
+_X = _RNG.rand(300, 6).astype(np.float32)
+_Y = (_X.sum(1) * 1.7).astype(np.int64) % 3
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash_at(step):
+    import tf_keras
+
+    class Crash(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 == step:
+                raise _Crash()
+
+    return Crash()
+
+
+def _fit(directory, data=None, **kwargs):
+    import tfdist
+
+    options = dict(epochs=2, batch_size=20, seed=2, deterministic=True, strategy="one_device", verbose=0,
+                   checkpoint_dir=str(directory), save_every_steps=3)
+    options.update(kwargs)
+    return tfdist.fit(_tiny, data if data is not None else (_X, _Y), **options)
+
+
+def test_steps_per_execution_above_one_resumes_exactly(tmp_path):
+    reference = _fit(tmp_path / "ref")
+    with pytest.raises(_Crash):
+        _fit(tmp_path / "int", callbacks=[_crash_at(9)])  # executions of 3 steps: batch ends at 3, 6, 9
+    resumed = _fit(tmp_path / "int")
+    assert resumed.tfdist.start_step == 9 and resumed.tfdist.global_step == 30
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")),
+                         checkpoint_tensors(str(tmp_path / "int")))
+    assert reference.history["loss"] == resumed.history["loss"]
+
+
+def test_a_dataset_of_unknown_length_resumes_exactly(tmp_path):
+    import tensorflow as tf
+
+    def stream():
+        return tf.data.Dataset.from_tensor_slices((_X, _Y)).filter(lambda x, y: y >= 0)
+
+    _fit(tmp_path / "ref", data=stream())
+    with pytest.raises(_Crash):
+        _fit(tmp_path / "int", data=stream(), callbacks=[_crash_at(9)])
+    resumed = _fit(tmp_path / "int", data=stream())
+    assert resumed.tfdist.start_step == 9 and resumed.tfdist.steps_per_epoch == 15
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+
+
+def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path):
+    from tfdist.errors import CheckpointMismatchError
+
+    _fit(tmp_path, epochs=1)
+    before = _tree_digest(tmp_path)
+    with pytest.raises(CheckpointMismatchError) as info:
+        _fit(tmp_path, epochs=2, batch_size=30)
+    message = str(info.value)
+    assert "global_batch_size: checkpoint 20, this run 30" in message and "allow_changes=True" in message
+    with pytest.raises(CheckpointMismatchError, match="data_fingerprint"):
+        _fit(tmp_path, epochs=2, data=(_X[::-1].copy(), _Y[::-1].copy()))
+    assert _tree_digest(tmp_path) == before
+    changed = _fit(tmp_path, epochs=2, batch_size=30, allow_changes=True)  # deliberate change
+    assert changed.tfdist.start_step > 0
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    _fit(tmp_path, epochs=1)  # 15 steps: saves at 3, 6, 9, 12, (keep 3) and 15
+    latest = max(glob.glob(str(tmp_path / "ckpt-*.index")), key=lambda p: int(p.split("-")[-1].split(".")[0]))
+    data_file = glob.glob(latest.replace(".index", ".data-*"))[0]
+    with open(data_file, "r+b") as f:
+        f.truncate(os.path.getsize(data_file) // 2)
+    with caplog.at_level("WARNING", logger="tfdist"):
+        resumed = _fit(tmp_path, epochs=2)
+    assert "cannot be read" in caplog.text and "falling back" in caplog.text
+    assert resumed.tfdist.start_step == 12 and resumed.tfdist.global_step == 30
+    assert glob.glob(data_file + ".replaced-*"), "the corrupt checkpoint must be kept aside, not overwritten"
+
+
+def test_a_relative_checkpoint_dir_resumes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _fit("relative", epochs=1)
+    assert _fit("relative", epochs=2).tfdist.start_step == 15
+
+
+def test_an_unwritable_checkpoint_dir_is_a_clear_error(tmp_path):
+    from tfdist.errors import CheckpointError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError) as info:
+        _fit(blocker / "checkpoints")
+    assert "not writable" in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_a_failing_background_write_is_raised_and_earlier_checkpoints_stay(tmp_path, monkeypatch):
+    """A write that fails in the background (a full disk, say) surfaces as CheckpointError."""
+    import tensorflow as tf
+
+    from tfdist import checkpoint as ckpt_mod
+    from tfdist.errors import CheckpointError
+
+    _fit(tmp_path, epochs=1)
+    before = _tree_digest(tmp_path)
+    real_sync = tf.train.Checkpoint.sync
+    calls = {"n": 0}
+
+    def failing_sync(self):
+        calls["n"] += 1
+        if calls["n"] > 2:  # the first syncs pass (restore), later ones report a failed write
+            raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+        return real_sync(self)
+
+    monkeypatch.setattr(tf.train.Checkpoint, "sync", failing_sync)
+    with pytest.raises(CheckpointError, match="No space left on device.*earlier checkpoints are intact"):
+        _fit(tmp_path, epochs=3)
+    monkeypatch.setattr(tf.train.Checkpoint, "sync", real_sync)
+    for name, digest in before.items():
+        if name != "checkpoint" and not name.endswith(ckpt_mod.METADATA_SUFFIX):
+            assert _tree_digest(tmp_path).get(name) == digest, name

@@ -16,8 +16,9 @@ import dataclasses
 import logging
 import os
 import socket
+import subprocess
 import sys
-import threading
+import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tfdist import env
@@ -242,6 +243,7 @@ def _multi_worker_mirrored(cluster: ClusterSpec, options: StrategyOptions):
             f"multi_worker_mirrored cannot use a cluster with a ps job; received {cluster.describe()}. "
             "Fix: use strategy='parameter_server' or remove the ps job."
         )
+    wait_for_peers(cluster, options.startup_timeout)
     with startup_watchdog(cluster, options.startup_timeout):
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=_resolver(cluster), communication_options=communication
@@ -257,6 +259,7 @@ def _parameter_server(cluster: ClusterSpec, options: StrategyOptions):
             f"parameter_server strategy is created on the chief only; this task is {cluster.task_name}. "
             "Fix: call tfdist.serve() (tfdist.fit does it for you) on worker and ps tasks."
         )
+    wait_for_peers(cluster, options.startup_timeout)
     with startup_watchdog(cluster, options.startup_timeout):
         return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster))
 
@@ -378,49 +381,102 @@ def serve(cluster: ClusterSpec) -> None:
     server.join()
 
 
-def _listening(address: str, timeout: float = 1.0) -> bool:
+def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _listening(address: str, timeout: float = 1.0) -> bool:
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        with socket.create_connection(_split(address), timeout=timeout):
             return True
     except OSError:
         return False
 
 
-class startup_watchdog:
-    """Ends the process if the block inside does not finish within ``timeout`` seconds.
+def _peers(cluster: ClusterSpec) -> list[tuple[str, str]]:
+    """(name, address) of the tasks this one must reach before its strategy can start."""
+    return [
+        (f"{role}:{index}", address)
+        for role, index, address in cluster.tasks()
+        if role != "evaluator" and address != cluster.task_address
+    ]
 
-    Creating a multi-worker strategy blocks inside TensorFlow until every peer has
-    joined; a peer that never starts would make it wait for an hour. The watchdog names
-    the tasks whose ports do not answer, prints a one-line error and exits with
-    ``EXIT_PEER_LOST``, since the blocked thread cannot be interrupted.
+
+def wait_for_peers(cluster: ClusterSpec, timeout: float) -> None:
+    """Waits until every peer's port accepts connections; raises PeerUnavailableError naming
+    the tasks that did not come up within ``timeout`` seconds.
+
+    TensorFlow blocks (holding the GIL) inside strategy creation until every peer joined,
+    so the wait happens here first, in Python. While waiting, this task listens on its own
+    port so that its peers see it too; the listener closes before TensorFlow's server binds.
+    """
+    from tfdist.errors import PeerUnavailableError
+
+    listener = None
+    if cluster.task_address is not None:
+        try:
+            listener = socket.create_server(_split(cluster.task_address), reuse_port=False)
+        except OSError:
+            listener = None  # the port is taken (e.g. by this task's server already): just probe
+    try:
+        deadline = time.monotonic() + timeout
+        missing = _peers(cluster)
+        while missing:
+            missing = [(name, address) for name, address in missing if not _listening(address, timeout=0.5)]
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                names = ", ".join(f"{name} ({address})" for name, address in missing)
+                raise PeerUnavailableError(
+                    f"the cluster did not come up within {timeout:g} s; missing: {names}. "
+                    f"Fix: start every task listed in TF_CONFIG (or use `tfdist launch`); raise "
+                    f"{env.TFDIST_STARTUP_TIMEOUT} if they start slowly."
+                )
+            time.sleep(0.2)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+_WATCHDOG = """
+import os, select, signal, sys
+parent, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+ready, _, _ = select.select([sys.stdin], [], [], timeout)
+if not ready:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+    os.kill(parent, signal.SIGKILL)
+"""
+
+
+class startup_watchdog:
+    """Kills this process if the block inside does not finish within ``timeout`` seconds.
+
+    A backstop for a peer that answered ``wait_for_peers`` but never joined: TensorFlow
+    then blocks holding the GIL, so no Python thread could act; a tiny watchdog process
+    prints the one-line error and sends SIGKILL instead.
     """
 
     def __init__(self, cluster: ClusterSpec, timeout: float):
         self._cluster, self._timeout = cluster, timeout
-        self._done = threading.Event()
+        self._proc: subprocess.Popen | None = None
 
     def __enter__(self):
-        threading.Thread(target=self._watch, name="tfdist-startup-watchdog", daemon=True).start()
+        names = ", ".join(name for name, _ in _peers(self._cluster)) or "none"
+        message = (
+            f"tfdist: error: the cluster did not form within {self._timeout:g} s: a peer ({names}) answered but "
+            f"never joined. Fix: restart every task (tfdist launch does it); raise {env.TFDIST_STARTUP_TIMEOUT} "
+            "if they start slowly."
+        )
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self._timeout), message],
+            stdin=subprocess.PIPE, start_new_session=True,
+        )
         return self
 
     def __exit__(self, *exc):
-        self._done.set()
+        if self._proc is not None:
+            self._proc.stdin.close()  # end of input: the watchdog exits
+            self._proc.wait(timeout=10)
         return False
-
-    def _watch(self):
-        if self._done.wait(self._timeout):
-            return
-        missing = [
-            f"{role}:{index} ({address})"
-            for role, index, address in self._cluster.tasks()
-            if role != "evaluator" and address != self._cluster.task_address and not _listening(address)
-        ]
-        what = ", ".join(missing) if missing else "every peer answers, but not all of them joined"
-        sys.stderr.write(
-            f"tfdist: error: the cluster did not come up within {self._timeout:g} s; missing: {what}. "
-            f"Fix: start every task listed in TF_CONFIG (or use `tfdist launch`); "
-            f"raise {env.TFDIST_STARTUP_TIMEOUT} if they start slowly.\n"
-        )
-        sys.stderr.flush()
-        os._exit(env.EXIT_PEER_LOST)

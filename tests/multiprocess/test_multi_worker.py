@@ -1,0 +1,102 @@
+"""multi_worker_mirrored in real local processes: launch, exact resume after a kill, no hangs."""
+
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import assert_bit_identical, base_env, checkpoint_tensors, free_port, read_json
+
+TRAIN = ["train", "--model", "cnn", "--epochs", "3", "--steps-per-epoch", "8", "--per-replica-batch-size", "16",
+         "--seed", "1", "--deterministic", "--save-every-steps", "4", "--verbose", "0"]
+
+
+def _launch(procs, out_dir, *train_args, workers=2, fault=None, restarts=2, timeout=300):
+    environ = base_env(**({"TFDIST_FAULT": fault} if fault else {}))
+    return procs.tfdist(
+        "launch", "--workers", str(workers), "--max-restarts", str(restarts), "--grace", "10", "--",
+        sys.executable, "-m", "tfdist", *TRAIN, *train_args, "--output-dir", str(out_dir),
+        "--summary-json", str(out_dir / "summary.json"), timeout=timeout, env=environ,
+    )
+
+
+@pytest.mark.timeout(900)
+def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(procs, tmp_path):
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    code, out = _launch(procs, reference)
+    assert code == 0, out[-4000:]
+    summary = read_json(reference / "summary.json")
+    assert summary["strategy"] == "multi_worker_mirrored" and summary["num_replicas"] == 2
+    assert summary["num_workers"] == 2 and summary["global_step"] == 24 and summary["global_batch_size"] == 32
+
+    # worker:1 is SIGKILLed after step 11: the launcher restarts the cluster, which resumes.
+    code, out = _launch(procs, interrupted, fault="worker:1/kill_at_step:11")
+    assert code == 0, out[-4000:]
+    assert "kill_at_step at step 11" in out and "(restart 1)" in out
+    resumed = read_json(interrupted / "summary.json")
+    assert resumed["start_step"] in (4, 8) and resumed["global_step"] == 24  # the last completed save
+    assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),
+                         checkpoint_tensors(str(interrupted / "checkpoints")))
+    assert resumed["final_loss"] == summary["final_loss"]
+
+    # A checkpoint of 2 workers restores under one_device (same global batch), and continues.
+    code, out = procs.tfdist(*TRAIN, "--epochs", "4", "--strategy", "one_device", "--per-replica-batch-size", "32",
+                             "--output-dir", str(reference), "--summary-json", str(tmp_path / "one.json"),
+                             timeout=240, env=base_env())
+    assert code == 0, out[-4000:]
+    one = read_json(tmp_path / "one.json")
+    assert one["strategy"] == "one_device" and one["start_step"] == 24 and one["global_step"] == 32
+
+
+def _tf_config(ports, index):
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}})
+
+
+@pytest.mark.timeout(180)
+def test_a_peer_that_never_starts_gives_an_error_naming_it_within_the_timeout(procs, tmp_path):
+    ports = [free_port(), free_port()]
+    start = time.monotonic()
+    code, out = procs.tfdist(*TRAIN, "--output-dir", str(tmp_path), timeout=150,
+                             env=base_env(TF_CONFIG=_tf_config(ports, 0), TFDIST_STARTUP_TIMEOUT="10"))
+    elapsed = time.monotonic() - start
+    assert code == 76, out[-3000:]
+    assert elapsed < 60
+    line = next(line for line in out.splitlines() if line.startswith("tfdist: error:"))
+    assert f"worker:1 (127.0.0.1:{ports[1]})" in line and "did not come up within 10 s" in line
+
+
+@pytest.mark.timeout(240)
+def test_a_peer_that_dies_mid_run_ends_the_survivor_without_a_launcher(procs, tmp_path):
+    ports = [free_port(), free_port()]
+    started = [
+        procs.start([sys.executable, "-m", "tfdist", *TRAIN, "--output-dir", str(tmp_path)],
+                    env=base_env(TF_CONFIG=_tf_config(ports, i), TFDIST_FAULT="worker:1/kill_at_step:6"))
+        for i in range(2)
+    ]
+    out1, _ = started[1].communicate(timeout=200)
+    assert started[1].returncode == -9, out1[-2000:]
+    died = time.monotonic()
+    out0, _ = started[0].communicate(timeout=120)
+    assert started[0].returncode != 0, out0[-3000:]
+    assert time.monotonic() - died < 60
+    assert "tfdist: error:" in out0 and "Traceback" not in out0.split("tfdist: error:")[-1]
+
+
+@pytest.mark.timeout(600)
+def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp_path):
+    common = ["--model", "linear", "--epochs", "1", "--steps-per-epoch", "6", "--save-every-steps", "100"]
+    code, out = _launch(procs, tmp_path / "big", *common, "--per-replica-batch-size", "16")
+    assert code == 0, out[-4000:]
+    code, out = _launch(procs, tmp_path / "acc", *common, "--per-replica-batch-size", "8", "--grad-accum-steps", "2")
+    assert code == 0, out[-4000:]
+    big, acc = read_json(tmp_path / "big" / "summary.json"), read_json(tmp_path / "acc" / "summary.json")
+    assert big["global_batch_size"] == acc["global_batch_size"] == 32 and acc["micro_batch_size"] == 8
+    a = checkpoint_tensors(str(tmp_path / "big" / "checkpoints"))
+    b = checkpoint_tensors(str(tmp_path / "acc" / "checkpoints"))
+    model_keys = [k for k in a if k.startswith("model/")]
+    assert model_keys
+    for key in model_keys:
+        np.testing.assert_allclose(a[key], b[key], atol=2e-5, err_msg=key)
+    assert a["optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE"] == b["optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE"] == 6

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -132,15 +133,28 @@ def read_metadata(prefix: str) -> dict | None:
         return None
 
 
-def checkpoint_paths(directory: str) -> list[str]:
-    """The complete checkpoints of ``directory``, oldest first (per the atomic state file)."""
-    import tensorflow as tf
+_STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths):\s*"((?:[^"\\]|\\.)*)"\s*$')
 
-    state = tf.train.get_checkpoint_state(directory)
-    if state is None:
+
+def checkpoint_paths(directory: str) -> list[str]:
+    """The complete checkpoints of ``directory``, oldest first, as the atomic ``checkpoint``
+    state file names them (read as text: listing needs no TensorFlow)."""
+    try:
+        with open(os.path.join(directory, "checkpoint")) as f:
+            lines = f.read().splitlines()
+    except OSError:
         return []
-    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    return [p for p in paths if p]  # TensorFlow already prefixes them with ``directory``
+    latest, paths = None, []
+    for line in lines:
+        match = _STATE_LINE.match(line.strip())
+        if match:
+            path = match.group(2).encode().decode("unicode_escape")
+            path = path if os.path.isabs(path) else os.path.join(directory, path)
+            if match.group(1) == "model_checkpoint_path":
+                latest = path
+            else:
+                paths.append(path)
+    return paths or ([latest] if latest else [])
 
 
 def latest_metadata(directory: str) -> dict | None:

@@ -31,14 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tfdist {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:  # a command still being written
-            if e.name != module_name:
-                raise
-            continue
-        module.register(subparsers)
+    for module_name in COMMANDS.values():
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 

@@ -129,9 +129,12 @@ def run_command(args: argparse.Namespace) -> int:
 
     log_dir = os.path.join(args.output_dir, "tensorboard")
     if not cluster.is_chief:  # tf.distribute workers log too; keep only the chief's
+        import atexit
+        import shutil
         import tempfile
 
         log_dir = tempfile.mkdtemp(prefix="tfdist-tb-")
+        atexit.register(shutil.rmtree, log_dir, True)
     history = fit(
         builder,
         train,

@@ -284,6 +284,8 @@ class Launcher:
                     outcome = self._supervise_parameter_server()
                 else:
                     outcome = self._supervise_synchronous()
+                if outcome.kind == "success":
+                    self._let_the_evaluator_finish()
             finally:
                 self._stop(self._tasks)
             if outcome.kind == "stopped":
@@ -384,6 +386,18 @@ class Launcher:
                         task.name, _describe_exit(task.returncode), task.address, task.lone_restarts, max_restarts,
                     )
                     self._spawn(task)
+            time.sleep(_POLL_S)
+
+    def _let_the_evaluator_finish(self) -> None:
+        """After training, the evaluator gets ``grace`` seconds to evaluate the last checkpoint
+        (it exits by itself once it has evaluated the run's complete one)."""
+        evaluators = [t for t in self._tasks if t.role == EVALUATOR and t.running]
+        deadline = time.monotonic() + self.options.grace
+        while evaluators and time.monotonic() < deadline and not self._signals:
+            for task in self._poll():
+                if task.role == EVALUATOR:
+                    self._evaluator_exited(task)
+            evaluators = [t for t in evaluators if t.running]
             time.sleep(_POLL_S)
 
     def _evaluator_exited(self, task: _Task) -> None:

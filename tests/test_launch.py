@@ -238,7 +238,9 @@ def test_restarts_with_port_base_use_consecutive_fresh_ports(task_script):
 
 @pytest.mark.timeout(30)
 def test_a_task_that_always_fails_gives_up_after_max_restarts(task_script, tmp_path):
-    command = task_script('record("attempt", restart)\nsys.exit(3)\n')
+    # Only worker:0 fails, after recording its attempt; the others wait to be stopped (a task
+    # failing first could otherwise get worker:0 stopped before it recorded anything).
+    command = task_script('record("attempt", restart)\nif (role, index) == ("worker", 0):\n    sys.exit(3)\ntime.sleep(60)\n')
     result, _, _ = _launch(command, workers=2, max_restarts=2)
     assert (result.exit_code, result.restarts) == (3, 2)
     assert (tmp_path / "attempt-worker-0.log").read_text().split() == ["0", "1", "2"]

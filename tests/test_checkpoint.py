@@ -7,7 +7,6 @@ save) rather than by racing a timer; one test also kills from outside.
 
 import glob
 import hashlib
-import json
 import os
 import signal
 import sys

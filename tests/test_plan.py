@@ -15,14 +15,12 @@ from tfdist.errors import PlanError
 from tfdist.planner import (
     CHECKPOINT_OVERHEAD_BYTES,
     Plan,
-    parse_bytes,
-    parse_count,
-    parse_duration,
     plan,
     ring_allreduce_seconds,
     solve_grad_accum_steps,
     young_daly_interval,
 )
+from tfdist.units import parse_bytes, parse_count, parse_duration
 
 HAS_MODELS = importlib.util.find_spec("tfdist.models") is not None
 

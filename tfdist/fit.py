@@ -7,7 +7,7 @@ import logging
 import os
 import random
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

@@ -1,7 +1,7 @@
 """Training plan arithmetic: batch sizes, steps, memory, checkpoint cost and time, before a run.
 
 Everything here is arithmetic on numbers the user gives. TensorFlow is imported only to
-count the parameters of a named or saved model and by ``measure_step_time``.
+count the parameters of a named or saved model and to measure a step (tfdist.measure).
 
 The formulas (see docs/plan.md for a worked example):
 
@@ -24,14 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from tfdist.errors import PlanError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import tf_keras
+from tfdist.units import format_bytes, format_seconds, parse_bytes, parse_duration
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 BYTES_PER_PARAM = 4  # weights, gradients and optimizer slots are float32 in every precision
@@ -46,93 +42,6 @@ DEFAULT_INPUT_SHAPE = (8, 8, 1)
 DEFAULT_NUM_CLASSES = 10
 
 # --- human units ------------------------------------------------------------------------
-_SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
-_IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
-_COUNT_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-_SECONDS = {"ms": 1e-3, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?"
-
-
-def _number(mantissa: str, exponent: str | None) -> float:
-    return float(mantissa) * 10 ** int(exponent or 0)
-
-
-def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = False) -> float:
-    """Bytes (or bytes/s) from a number or a size such as ``500MB``, ``1.5GiB``, ``10GB/s``, ``100Gbit/s``.
-
-    ``k/M/G/T`` are powers of 1000, ``Ki/Mi/Gi/Ti`` powers of 1024; ``B`` (or nothing) means
-    bytes and ``bit`` bits.
-    """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
-    example = "10GB/s or 1.25e9" if per_second else "500MB, 1.5GiB or 5e8"
-    match = re.fullmatch(_NUMBER + r"\s*([kmgtp]i?)?(b|bit|bits|byte|bytes)?(/s)?", str(text).strip().lower())
-    if not match or (match.group(5) and not per_second):
-        raise PlanError(f"Invalid `{name}`; received {name}={text!r}. Fix: use a size such as {example}.")
-    prefix, unit = match.group(3) or "", match.group(4) or "b"
-    scale = _IEC[prefix] if prefix.endswith("i") else _SI[prefix]
-    return _number(match.group(1), match.group(2)) * scale / (8 if unit.startswith("bit") else 1)
-
-
-def parse_duration(text: str | float, *, name: str = "value") -> float:
-    """Seconds from a number or a duration such as ``500ms``, ``30s``, ``5m``, ``24h``, ``2d``, ``1h30m``."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
-    parts = re.findall(_NUMBER + r"\s*([a-z]*)\s*", str(text).strip().lower())
-    joined = "".join(re.findall(r"\S+", str(text).lower()))
-    rebuilt = "".join(f"{m}{'e' + e if e else ''}{u}" for m, e, u in parts)
-    if not parts or rebuilt != joined or any(u not in _SECONDS and u != "" for _, _, u in parts):
-        raise PlanError(
-            f"Invalid `{name}`; received {name}={text!r}. Fix: use seconds or a duration such as 30s, 5m, 24h."
-        )
-    return sum(_number(m, e) * _SECONDS[u or "s"] for m, e, u in parts)
-
-
-def parse_count(text: str | int, *, name: str = "value") -> int:
-    """A whole number from ``1000``, ``1_000``, ``1e6``, ``60k``, ``1.2M`` or ``7B`` (billions)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    match = re.fullmatch("(-?)" + _NUMBER + r"([kmbgt]?)", str(text).strip().lower().replace("_", "").replace(",", ""))
-    value = math.nan
-    if match:
-        value = (-1 if match.group(1) else 1) * _number(match.group(2), match.group(3)) * _COUNT_SUFFIX[match.group(4)]
-    if not math.isfinite(value) or value != round(value):
-        raise PlanError(
-            f"Invalid `{name}`; received {name}={text!r}. Fix: use a whole number such as 1000, 60k or 1.2M."
-        )
-    return int(round(value))
-
-
-def format_bytes(value: float | None) -> str:
-    """``1.23 GB``-style text (powers of 1000)."""
-    if value is None:
-        return "-"
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
-def format_seconds(value: float | None) -> str:
-    """``2 h 13 min``-style text."""
-    if value is None:
-        return "-"
-    if value == 0:
-        return "0 s"
-    if value < 1e-3:
-        return f"{value * 1e6:.3g} µs"
-    if value < 1:
-        return f"{value * 1e3:.3g} ms"
-    if value < 60:
-        return f"{value:.3g} s"
-    if value < 3600:
-        return f"{int(value // 60)} min {value % 60:.0f} s"
-    if value < 86400:
-        return f"{int(value // 3600)} h {value % 3600 / 60:.0f} min"
-    return f"{int(value // 86400)} d {value % 86400 / 3600:.0f} h"
-
-
-# --- single formulas --------------------------------------------------------------------
 def ring_allreduce_seconds(*, replicas: int, gradient_bytes: float, link_bandwidth: float) -> float:
     """Seconds of one ring all-reduce: 2 (n - 1) / n x gradient bytes / link bandwidth (0 for n = 1)."""
     return 2 * (replicas - 1) / replicas * gradient_bytes / link_bandwidth
@@ -158,7 +67,7 @@ def solve_grad_accum_steps(*, global_batch_size: int, replicas: int, max_micro_b
 
 
 # --- validation helpers -----------------------------------------------------------------
-def _check_int(name: str, value: Any, *, minimum: int = 1) -> None:
+def check_int(name: str, value: Any, *, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise PlanError(f"Invalid `{name}`; received {name}={value!r}. Fix: use {kind}.")
@@ -266,10 +175,10 @@ class Plan:
 
     def __post_init__(self):
         for name in ("samples", "micro_batch_size", "epochs", "grad_accum_steps", "nodes", "gpus_per_node"):
-            _check_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
         if self.params is not None:
-            _check_int("params", self.params)
-        _check_int("optimizer_slots", self.optimizer_slots, minimum=0)
+            check_int("params", self.params)
+        check_int("optimizer_slots", self.optimizer_slots, minimum=0)
         if self.precision not in PRECISIONS:
             raise PlanError(
                 f"Invalid `precision`; received precision={self.precision!r}. Fix: use one of {', '.join(PRECISIONS)}."
@@ -443,7 +352,7 @@ class Plan:
             gpus = [2**i for i in range(int(math.ceil(math.log2(top))) + 1)]
         points, base = [], self.step_time * self.grad_accum_steps  # one GPU: no all-reduce
         for n in gpus:
-            _check_int("gpus", n)
+            check_int("gpus", n)
             global_batch = self.grad_accum_steps * n * self.micro_batch_size
             if global_batch > self.samples:
                 break
@@ -499,161 +408,6 @@ class Plan:
 
 
 # --- models (TensorFlow imported only here) ------------------------------------------------
-def _load_model(model: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None):
-    """A tf_keras model from a saved-model path or a built-in model name."""
-    if os.path.exists(model):
-        import tf_keras
-
-        try:
-            return tf_keras.models.load_model(model, compile=False)
-        except Exception as e:  # noqa: BLE001 -- any load failure is the user's file
-            raise PlanError(
-                f"Invalid `model`; received model={model!r}, which tf_keras cannot load ({type(e).__name__}: {e}). "
-                "Fix: pass a .keras/.h5/SavedModel path saved with tf_keras, or --params."
-            ) from e
-    try:
-        from tfdist import models
-    except ModuleNotFoundError as e:
-        if e.name != "tfdist.models":
-            raise
-        raise PlanError(
-            f"Invalid `model`; received model={model!r}: no such file, and built-in models are not available "
-            "in this tfdist. Fix: pass a saved model path or a parameter count (params)."
-        ) from e
-    if model not in models.MODELS:
-        raise PlanError(
-            f"Invalid `model`; received model={model!r}, neither a file nor a built-in model. "
-            f"Fix: use a path or one of {', '.join(sorted(models.MODELS))}."
-        )
-    shape = tuple(input_shape) if input_shape is not None else DEFAULT_INPUT_SHAPE
-    return models.build(model, input_shape=shape, num_classes=num_classes or DEFAULT_NUM_CLASSES)
-
-
-def _builtin_params(name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None) -> int:
-    """Parameter count of a built-in model, built (not trained) through ``tfdist.models``."""
-    return int(_load_model(name, input_shape=input_shape, num_classes=num_classes).count_params())
-
-
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-    """Result of ``measure_step_time``.
-
-    ``peak_bytes`` is the GPU allocator's peak (``tf.config.experimental.get_memory_info``)
-    on GPU; on CPU the increase of the process's maximum resident set (``ru_maxrss``)
-    over the run, which includes TensorFlow's own allocations; None if neither is known.
-    """
-
-    step_seconds: float
-    params: int
-    steps: int
-    warmup: int
-    micro_batch_size: int
-    replicas: int
-    strategy: str
-    device: str
-    peak_bytes: int | None
-    peak_source: str | None
-
-
-def measure_step_time(
-    *,
-    model: "str | tf_keras.Model",
-    micro_batch_size: int,
-    strategy: str = "auto",
-    steps: int = 10,
-    warmup: int = 3,
-    precision: str = "float32",
-    optimizer_slots: int = 2,
-    input_shape: Sequence[int] | None = None,
-    num_classes: int | None = None,
-) -> Measurement:
-    """Times ``steps`` train steps of ``model`` after ``warmup`` steps, on random data.
-
-    ``model`` is a built-in name or a saved-model path, built under ``strategy``, or a
-    tf_keras model object, trained as is without a strategy. Plain tf_keras ``model.fit``
-    runs with a callback that reads the loss after every batch, so each timed step has
-    finished on the device. Each replica gets ``micro_batch_size`` examples; the loss is a
-    mean squared error against random targets. Every process of a cluster must call this.
-    """
-    for name, value in (("micro_batch_size", micro_batch_size), ("steps", steps)):
-        _check_int(name, value)
-    _check_int("warmup", warmup, minimum=0)
-    import resource
-    import time
-
-    import numpy as np
-    import tensorflow as tf
-    import tf_keras
-
-    from tfdist.strategy import make_strategy, name_of
-
-    gpus = tf.config.list_physical_devices("GPU")
-    # A model object was built outside any strategy scope, so it trains without one.
-    dist = make_strategy(strategy) if isinstance(model, str) else tf.distribute.get_strategy()
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if gpus:
-        tf.config.experimental.reset_memory_stats("GPU:0")
-    previous_policy = tf_keras.mixed_precision.global_policy()
-    tf_keras.mixed_precision.set_global_policy(precision)
-    try:
-        with dist.scope():
-            net = model
-            if isinstance(model, str):
-                net = _load_model(model, input_shape=input_shape, num_classes=num_classes)
-            optimizer = {0: tf_keras.optimizers.SGD(), 1: tf_keras.optimizers.SGD(momentum=0.9)}.get(
-                optimizer_slots, tf_keras.optimizers.Adam()
-            )
-            net.compile(optimizer=optimizer, loss="mse")
-    finally:
-        tf_keras.mixed_precision.set_global_policy(previous_policy)
-    batch = micro_batch_size * dist.num_replicas_in_sync
-    rng = np.random.default_rng(0)
-
-    def random_like(tensor):  # one batch shaped like a model input or output (unknown sizes -> 1)
-        shape = (batch, *[d or 1 for d in tensor.shape[1:]])
-        if tensor.dtype.is_integer:
-            return rng.integers(0, 2, size=shape).astype(tensor.dtype.as_numpy_dtype)
-        return rng.standard_normal(shape).astype("float32")
-
-    xs = [random_like(t) for t in net.inputs]
-    ys = [random_like(t) if not t.dtype.is_integer else random_like(t).astype("float32") for t in net.outputs]
-    one = lambda arrays: tuple(arrays) if len(arrays) > 1 else arrays[0]  # noqa: E731
-    data = tf.data.Dataset.from_tensor_slices((one(xs), one(ys)))
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    data = data.batch(batch, drop_remainder=True).cache().repeat().with_options(options)
-
-    ends: list[float] = []
-
-    class _Timer(tf_keras.callbacks.Callback):
-        def on_train_batch_end(self, batch_index, logs=None):
-            float((logs or {}).get("loss", 0.0))  # wait for the step to finish on the device
-            ends.append(time.perf_counter())
-
-    start = time.perf_counter()
-    net.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0, callbacks=[_Timer()])
-    first = ends[warmup - 1] if warmup else start
-    step_seconds = (ends[-1] - first) / steps
-    if gpus:
-        peak, source = int(tf.config.experimental.get_memory_info("GPU:0")["peak"]), "GPU:0 allocator peak"
-    else:
-        rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        peak, source = max(0, rss_after - rss_before), "process max RSS increase (CPU, includes TensorFlow)"
-    return Measurement(
-        step_seconds=step_seconds,
-        params=int(net.count_params()),
-        steps=steps,
-        warmup=warmup,
-        micro_batch_size=micro_batch_size,
-        replicas=dist.num_replicas_in_sync,
-        strategy=name_of(dist) if isinstance(model, str) else "none",
-        device="GPU:0" if gpus else "CPU",
-        peak_bytes=peak,
-        peak_source=source,
-    )
-
-
-# --- the entry point --------------------------------------------------------------------------
 def _resolve_batch(
     *, replicas: int, micro: int | None, accum: int | None, global_batch: int | None, max_micro: int | None
 ) -> tuple[int, int]:
@@ -742,16 +496,16 @@ def plan(
     accept text such as ``"30s"``, ``"24h"``, ``"10GB/s"``; ``activation_bytes`` such as ``"2MB"``.
     """
     for name, value in (("samples", samples), ("nodes", nodes), ("gpus_per_node", gpus_per_node)):
-        _check_int(name, value)
+        check_int(name, value)
     batch_args = (
         ("micro_batch_size", micro_batch_size), ("grad_accum_steps", grad_accum_steps),
         ("global_batch_size", global_batch_size), ("max_micro_batch_size", max_micro_batch_size),
     )
     for name, value in batch_args:
         if value is not None:
-            _check_int(name, value)
-    _check_int("measure_steps", measure_steps)
-    _check_int("measure_warmup", measure_warmup, minimum=0)
+            check_int(name, value)
+    check_int("measure_steps", measure_steps)
+    check_int("measure_warmup", measure_warmup, minimum=0)
     micro, accum = _resolve_batch(
         replicas=nodes * gpus_per_node, micro=micro_batch_size, accum=grad_accum_steps,
         global_batch=global_batch_size, max_micro=max_micro_batch_size,
@@ -787,6 +541,8 @@ def plan(
         restart_seconds=parse_duration(restart_seconds, name="restart_seconds"),
     )
     result = Plan(**fields)  # validates everything before any TensorFlow work
+    if measure or model is not None:
+        from tfdist.measure import builtin_params, measure_step_time
     if measure:
         m = measure_step_time(
             model=model, micro_batch_size=micro, strategy=strategy, steps=measure_steps, warmup=measure_warmup,
@@ -803,6 +559,6 @@ def plan(
         result = Plan(**fields)
     elif model is not None:
         result = dataclasses.replace(
-            result, params=_builtin_params(model, input_shape=input_shape, num_classes=num_classes)
+            result, params=builtin_params(model, input_shape=input_shape, num_classes=num_classes)
         )
     return result

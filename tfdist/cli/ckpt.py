@@ -77,7 +77,7 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 def run_list(args: argparse.Namespace) -> int:
     from tfdist.ckpt_tools import list_checkpoints
-    from tfdist.planner import format_bytes
+    from tfdist.units import format_bytes
 
     entries = list_checkpoints(args.directory)
     if args.json:
@@ -125,7 +125,7 @@ def _metadata_lines(metadata: dict) -> list[str]:
 
 def run_inspect(args: argparse.Namespace) -> int:
     from tfdist.ckpt_tools import inspect_checkpoint
-    from tfdist.planner import format_bytes
+    from tfdist.units import format_bytes
 
     info = inspect_checkpoint(args.path)
     if args.json:
@@ -153,7 +153,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from tfdist.ckpt_tools import verify
     from tfdist.env import EXIT_FAILED, EXIT_OK
-    from tfdist.planner import format_bytes
+    from tfdist.units import format_bytes
 
     results, leftovers = verify(args.path, every=args.every)
     if args.json:

@@ -11,14 +11,8 @@ import json
 import math
 
 from tfdist.errors import PlanError
-from tfdist.planner import (
-    DEFAULT_MAX_GPUS,
-    Plan,
-    format_bytes,
-    format_seconds,
-    parse_count,
-    plan,
-)
+from tfdist.planner import DEFAULT_MAX_GPUS, Plan, plan
+from tfdist.units import format_bytes, format_seconds, parse_count
 
 _TIME_HINT = (
     "unknown: pass --step-time SECONDS (one replica's train step on one micro batch), "

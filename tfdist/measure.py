@@ -1,0 +1,173 @@
+"""Measured inputs of a plan: a model's parameter count and its step time on this machine.
+
+TensorFlow is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Sequence
+
+from tfdist.errors import PlanError
+from tfdist.planner import DEFAULT_INPUT_SHAPE, DEFAULT_NUM_CLASSES, check_int
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tf_keras
+
+
+def _load_model(model: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None):
+    """A tf_keras model from a saved-model path or a built-in model name."""
+    if os.path.exists(model):
+        import tf_keras
+
+        try:
+            return tf_keras.models.load_model(model, compile=False)
+        except Exception as e:  # noqa: BLE001 -- any load failure is the user's file
+            raise PlanError(
+                f"Invalid `model`; received model={model!r}, which tf_keras cannot load ({type(e).__name__}: {e}). "
+                "Fix: pass a .keras/.h5/SavedModel path saved with tf_keras, or --params."
+            ) from e
+    try:
+        from tfdist import models
+    except ModuleNotFoundError as e:
+        if e.name != "tfdist.models":
+            raise
+        raise PlanError(
+            f"Invalid `model`; received model={model!r}: no such file, and built-in models are not available "
+            "in this tfdist. Fix: pass a saved model path or a parameter count (params)."
+        ) from e
+    if model not in models.MODELS:
+        raise PlanError(
+            f"Invalid `model`; received model={model!r}, neither a file nor a built-in model. "
+            f"Fix: use a path or one of {', '.join(sorted(models.MODELS))}."
+        )
+    shape = tuple(input_shape) if input_shape is not None else DEFAULT_INPUT_SHAPE
+    return models.build(model, input_shape=shape, num_classes=num_classes or DEFAULT_NUM_CLASSES)
+
+
+def builtin_params(name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None) -> int:
+    """Parameter count of a built-in model, built (not trained) through ``tfdist.models``."""
+    return int(_load_model(name, input_shape=input_shape, num_classes=num_classes).count_params())
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """Result of ``measure_step_time``.
+
+    ``peak_bytes`` is the GPU allocator's peak (``tf.config.experimental.get_memory_info``)
+    on GPU; on CPU the increase of the process's maximum resident set (``ru_maxrss``)
+    over the run, which includes TensorFlow's own allocations; None if neither is known.
+    """
+
+    step_seconds: float
+    params: int
+    steps: int
+    warmup: int
+    micro_batch_size: int
+    replicas: int
+    strategy: str
+    device: str
+    peak_bytes: int | None
+    peak_source: str | None
+
+
+def measure_step_time(
+    *,
+    model: "str | tf_keras.Model",
+    micro_batch_size: int,
+    strategy: str = "auto",
+    steps: int = 10,
+    warmup: int = 3,
+    precision: str = "float32",
+    optimizer_slots: int = 2,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
+) -> Measurement:
+    """Times ``steps`` train steps of ``model`` after ``warmup`` steps, on random data.
+
+    ``model`` is a built-in name or a saved-model path, built under ``strategy``, or a
+    tf_keras model object, trained as is without a strategy. Plain tf_keras ``model.fit``
+    runs with a callback that reads the loss after every batch, so each timed step has
+    finished on the device. Each replica gets ``micro_batch_size`` examples; the loss is a
+    mean squared error against random targets. Every process of a cluster must call this.
+    """
+    for name, value in (("micro_batch_size", micro_batch_size), ("steps", steps)):
+        check_int(name, value)
+    check_int("warmup", warmup, minimum=0)
+    import resource
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from tfdist.strategy import make_strategy, name_of
+
+    gpus = tf.config.list_physical_devices("GPU")
+    # A model object was built outside any strategy scope, so it trains without one.
+    dist = make_strategy(strategy) if isinstance(model, str) else tf.distribute.get_strategy()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if gpus:
+        tf.config.experimental.reset_memory_stats("GPU:0")
+    previous_policy = tf_keras.mixed_precision.global_policy()
+    tf_keras.mixed_precision.set_global_policy(precision)
+    try:
+        with dist.scope():
+            net = model
+            if isinstance(model, str):
+                net = _load_model(model, input_shape=input_shape, num_classes=num_classes)
+            optimizer = {0: tf_keras.optimizers.SGD(), 1: tf_keras.optimizers.SGD(momentum=0.9)}.get(
+                optimizer_slots, tf_keras.optimizers.Adam()
+            )
+            net.compile(optimizer=optimizer, loss="mse")
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous_policy)
+    batch = micro_batch_size * dist.num_replicas_in_sync
+    rng = np.random.default_rng(0)
+
+    def random_like(tensor):  # one batch shaped like a model input or output (unknown sizes -> 1)
+        shape = (batch, *[d or 1 for d in tensor.shape[1:]])
+        if tensor.dtype.is_integer:
+            return rng.integers(0, 2, size=shape).astype(tensor.dtype.as_numpy_dtype)
+        return rng.standard_normal(shape).astype("float32")
+
+    xs = [random_like(t) for t in net.inputs]
+    ys = [random_like(t) if not t.dtype.is_integer else random_like(t).astype("float32") for t in net.outputs]
+    one = lambda arrays: tuple(arrays) if len(arrays) > 1 else arrays[0]  # noqa: E731
+    data = tf.data.Dataset.from_tensor_slices((one(xs), one(ys)))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    data = data.batch(batch, drop_remainder=True).cache().repeat().with_options(options)
+
+    ends: list[float] = []
+
+    class _Timer(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch_index, logs=None):
+            float((logs or {}).get("loss", 0.0))  # wait for the step to finish on the device
+            ends.append(time.perf_counter())
+
+    start = time.perf_counter()
+    net.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0, callbacks=[_Timer()])
+    first = ends[warmup - 1] if warmup else start
+    step_seconds = (ends[-1] - first) / steps
+    if gpus:
+        peak, source = int(tf.config.experimental.get_memory_info("GPU:0")["peak"]), "GPU:0 allocator peak"
+    else:
+        rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak, source = max(0, rss_after - rss_before), "process max RSS increase (CPU, includes TensorFlow)"
+    return Measurement(
+        step_seconds=step_seconds,
+        params=int(net.count_params()),
+        steps=steps,
+        warmup=warmup,
+        micro_batch_size=micro_batch_size,
+        replicas=dist.num_replicas_in_sync,
+        strategy=name_of(dist) if isinstance(model, str) else "none",
+        device="GPU:0" if gpus else "CPU",
+        peak_bytes=peak,
+        peak_source=source,
+    )
+
+
+# --- the entry point --------------------------------------------------------------------------

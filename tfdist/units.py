@@ -1,0 +1,96 @@
+"""Human units for the planner: sizes (500MB, 10GB/s), durations (30s, 1h30m), counts (1.2M)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from tfdist.errors import PlanError
+
+_SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
+_COUNT_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_SECONDS = {"ms": 1e-3, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?"
+
+
+def _number(mantissa: str, exponent: str | None) -> float:
+    return float(mantissa) * 10 ** int(exponent or 0)
+
+
+def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = False) -> float:
+    """Bytes (or bytes/s) from a number or a size such as ``500MB``, ``1.5GiB``, ``10GB/s``, ``100Gbit/s``.
+
+    ``k/M/G/T`` are powers of 1000, ``Ki/Mi/Gi/Ti`` powers of 1024; ``B`` (or nothing) means
+    bytes and ``bit`` bits.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    example = "10GB/s or 1.25e9" if per_second else "500MB, 1.5GiB or 5e8"
+    match = re.fullmatch(_NUMBER + r"\s*([kmgtp]i?)?(b|bit|bits|byte|bytes)?(/s)?", str(text).strip().lower())
+    if not match or (match.group(5) and not per_second):
+        raise PlanError(f"Invalid `{name}`; received {name}={text!r}. Fix: use a size such as {example}.")
+    prefix, unit = match.group(3) or "", match.group(4) or "b"
+    scale = _IEC[prefix] if prefix.endswith("i") else _SI[prefix]
+    return _number(match.group(1), match.group(2)) * scale / (8 if unit.startswith("bit") else 1)
+
+
+def parse_duration(text: str | float, *, name: str = "value") -> float:
+    """Seconds from a number or a duration such as ``500ms``, ``30s``, ``5m``, ``24h``, ``2d``, ``1h30m``."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    parts = re.findall(_NUMBER + r"\s*([a-z]*)\s*", str(text).strip().lower())
+    joined = "".join(re.findall(r"\S+", str(text).lower()))
+    rebuilt = "".join(f"{m}{'e' + e if e else ''}{u}" for m, e, u in parts)
+    if not parts or rebuilt != joined or any(u not in _SECONDS and u != "" for _, _, u in parts):
+        raise PlanError(
+            f"Invalid `{name}`; received {name}={text!r}. Fix: use seconds or a duration such as 30s, 5m, 24h."
+        )
+    return sum(_number(m, e) * _SECONDS[u or "s"] for m, e, u in parts)
+
+
+def parse_count(text: str | int, *, name: str = "value") -> int:
+    """A whole number from ``1000``, ``1_000``, ``1e6``, ``60k``, ``1.2M`` or ``7B`` (billions)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = re.fullmatch("(-?)" + _NUMBER + r"([kmbgt]?)", str(text).strip().lower().replace("_", "").replace(",", ""))
+    value = math.nan
+    if match:
+        value = (-1 if match.group(1) else 1) * _number(match.group(2), match.group(3)) * _COUNT_SUFFIX[match.group(4)]
+    if not math.isfinite(value) or value != round(value):
+        raise PlanError(
+            f"Invalid `{name}`; received {name}={text!r}. Fix: use a whole number such as 1000, 60k or 1.2M."
+        )
+    return int(round(value))
+
+
+def format_bytes(value: float | None) -> str:
+    """``1.23 GB``-style text (powers of 1000)."""
+    if value is None:
+        return "-"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def format_seconds(value: float | None) -> str:
+    """``2 h 13 min``-style text."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0 s"
+    if value < 1e-3:
+        return f"{value * 1e6:.3g} µs"
+    if value < 1:
+        return f"{value * 1e3:.3g} ms"
+    if value < 60:
+        return f"{value:.3g} s"
+    if value < 3600:
+        return f"{int(value // 60)} min {value % 60:.0f} s"
+    if value < 86400:
+        return f"{int(value // 3600)} h {value % 3600 / 60:.0f} min"
+    return f"{int(value // 86400)} d {value % 86400 / 3600:.0f} h"
+
+
+# --- single formulas --------------------------------------------------------------------

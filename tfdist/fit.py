@@ -254,7 +254,6 @@ def fit(
             "tfdist.fit does not train on the evaluator task; received task evaluator:0. "
             "Fix: run `tfdist train` there (it evaluates each new checkpoint), or leave the evaluator out."
         )
-    strategy_name_given = strategy if isinstance(strategy, str) else None
     if not isinstance(strategy, tf.distribute.Strategy):
         choice = strategy_mod.resolve_name(strategy, cluster)
         if choice.name == strategy_mod.PARAMETER_SERVER and not cluster.is_chief:
@@ -270,7 +269,7 @@ def fit(
         seed = (ckpt_mod.latest_metadata(checkpoint_dir) or {}).get("seed")  # continue the run's own order
     seed = _set_seed(seed, deterministic)
     strat = strategy_mod.make_strategy(
-        strategy_name_given or strategy,
+        strategy,
         cluster=cluster,
         devices=devices,
         all_reduce=all_reduce,

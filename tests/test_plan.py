@@ -350,3 +350,27 @@ def test_builtin_model_params(capsys):
     argv = ["plan", "--samples", "100", "--micro-batch", "4", "--model", "linear", "--num-classes", "3", "--json"]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["params"] == 8 * 8 * 3 + 3
+
+
+@pytest.mark.timeout(120)
+def test_measured_step_with_accumulation_is_one_accumulated_step():
+    tf = pytest.importorskip("tensorflow")
+    tf_keras = pytest.importorskip("tf_keras")
+    from tfdist.measure import measure_step_time
+
+    class CountCalls(tf_keras.layers.Layer):  # counts forward passes, i.e. micro batches
+        def build(self, shape):
+            self.calls = self.add_weight(name="calls", shape=(), dtype="int64", initializer="zeros", trainable=False)
+            self.rows = self.add_weight(name="rows", shape=(), dtype="int64", initializer="zeros", trainable=False)
+
+        def call(self, x):
+            self.calls.assign_add(1)
+            self.rows.assign_add(tf.cast(tf.shape(x)[0], "int64"))
+            return x
+
+    counter = CountCalls()
+    model = tf_keras.Sequential([tf_keras.layers.Input((8,)), counter, tf_keras.layers.Dense(3)])
+    m = measure_step_time(model=model, micro_batch_size=4, steps=3, warmup=1, grad_accum_steps=2)
+    assert m.grad_accum_steps == 2 and m.step_seconds > 0
+    assert int(model.optimizer.iterations) == 4  # one optimizer update per accumulated step
+    assert int(counter.calls) == 8 and int(counter.rows) == 32  # two micro batches of 4 per step

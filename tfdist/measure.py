@@ -55,7 +55,8 @@ def builtin_params(name: str, *, input_shape: Sequence[int] | None = None, num_c
 class Measurement:
     """Result of ``measure_step_time``.
 
-    ``peak_bytes`` is the GPU allocator's peak (``tf.config.experimental.get_memory_info``)
+    ``step_seconds`` is the median time of one optimizer step: with ``grad_accum_steps`` > 1,
+    one accumulated step over that many micro batches. ``peak_bytes`` is the GPU allocator's peak (``tf.config.experimental.get_memory_info``)
     on GPU; on CPU the increase of the process's maximum resident set (``ru_maxrss``)
     over the run, which includes TensorFlow's own allocations; None if neither is known.
     """
@@ -63,6 +64,7 @@ class Measurement:
     step_seconds: float
     params: int
     steps: int
+    grad_accum_steps: int
     warmup: int
     micro_batch_size: int
     replicas: int
@@ -77,8 +79,9 @@ def measure_step_time(
     model: "str | tf_keras.Model",
     micro_batch_size: int,
     strategy: str = "auto",
-    steps: int = 10,
+    steps: int = 20,
     warmup: int = 3,
+    grad_accum_steps: int = 1,
     precision: str = "float32",
     optimizer_slots: int = 2,
     input_shape: Sequence[int] | None = None,
@@ -86,13 +89,17 @@ def measure_step_time(
 ) -> Measurement:
     """Times ``steps`` train steps of ``model`` after ``warmup`` steps, on random data.
 
+    With ``grad_accum_steps`` > 1 the steps are tfdist's accumulated steps (one while loop
+    over the micro batches, one optimizer update), so their fixed cost -- dispatch,
+    optimizer update, metrics -- is measured once per optimizer step, as it is paid.
+
     ``model`` is a built-in name or a saved-model path, built under ``strategy``, or a
     tf_keras model object, trained as is without a strategy. Plain tf_keras ``model.fit``
     runs with a callback that reads the loss after every batch, so each timed step has
     finished on the device. Each replica gets ``micro_batch_size`` examples; the loss is a
     mean squared error against random targets. Every process of a cluster must call this.
     """
-    for name, value in (("micro_batch_size", micro_batch_size), ("steps", steps)):
+    for name, value in (("micro_batch_size", micro_batch_size), ("steps", steps), ("grad_accum_steps", grad_accum_steps)):
         check_int(name, value)
     check_int("warmup", warmup, minimum=0)
     import resource
@@ -102,6 +109,7 @@ def measure_step_time(
     import tensorflow as tf
     import tf_keras
 
+    from tfdist.keras_model import install_grad_accumulation
     from tfdist.strategy import make_strategy, name_of
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -121,9 +129,10 @@ def measure_step_time(
                 optimizer_slots, tf_keras.optimizers.Adam()
             )
             net.compile(optimizer=optimizer, loss="mse")
+            install_grad_accumulation(net, grad_accum_steps)
     finally:
         tf_keras.mixed_precision.set_global_policy(previous_policy)
-    batch = micro_batch_size * dist.num_replicas_in_sync
+    batch = micro_batch_size * dist.num_replicas_in_sync * grad_accum_steps
     rng = np.random.default_rng(0)
 
     def random_like(tensor):  # one batch shaped like a model input or output (unknown sizes -> 1)
@@ -149,8 +158,8 @@ def measure_step_time(
 
     start = time.perf_counter()
     net.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0, callbacks=[_Timer()])
-    first = ends[warmup - 1] if warmup else start
-    step_seconds = (ends[-1] - first) / steps
+    # The median step: one step slowed down by another process on the machine does not count.
+    step_seconds = float(np.median(np.diff([ends[warmup - 1] if warmup else start, *ends[warmup:]])))
     if gpus:
         peak, source = int(tf.config.experimental.get_memory_info("GPU:0")["peak"]), "GPU:0 allocator peak"
     else:
@@ -160,6 +169,7 @@ def measure_step_time(
         step_seconds=step_seconds,
         params=int(net.count_params()),
         steps=steps,
+        grad_accum_steps=grad_accum_steps,
         warmup=warmup,
         micro_batch_size=micro_batch_size,
         replicas=dist.num_replicas_in_sync,

@@ -16,7 +16,8 @@ The formulas (see docs/plan.md for a worked example):
   required write bandwidth = checkpoint bytes / stall window.
 * Young/Daly interval = sqrt(2 x checkpoint write seconds x MTBF); work lost per failure
   = interval / 2 + restart seconds.
-* step seconds = step_time x grad_accum_steps + ring all-reduce seconds, with the ring
+* step seconds = step_time x grad_accum_steps + ring all-reduce seconds (a measured step_time
+  is the measured accumulated step / grad_accum_steps), with the ring
   all-reduce = 2 (n - 1) / n x gradient bytes / link bandwidth for n replicas.
 """
 
@@ -140,7 +141,9 @@ class Plan:
       precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
       activation_bytes: activation bytes per sample kept for the backward pass (None: unknown).
       step_time: seconds one replica needs for a train step on one micro batch, without
-        all-reduce between replicas -- what ``measure_step_time`` measures (None: unknown).
+        all-reduce between replicas (None: unknown). A measured plan with
+        grad_accum_steps > 1 times the whole accumulated step and stores it divided by
+        grad_accum_steps, so the step's fixed cost is spread over its micro batches.
       step_time_source: ``given`` or ``measured``.
       measured_peak_bytes, measured_peak_source: peak memory of the measurement, if any.
       stall_window: seconds training may pause to write one checkpoint.
@@ -473,7 +476,7 @@ def plan(
     num_classes: int | None = None,
     step_time: float | str | None = None,
     measure: bool = False,
-    measure_steps: int = 10,
+    measure_steps: int = 20,
     measure_warmup: int = 3,
     strategy: str = "auto",
     optimizer_slots: int = 2,
@@ -546,15 +549,14 @@ def plan(
     if measure:
         m = measure_step_time(
             model=model, micro_batch_size=micro, strategy=strategy, steps=measure_steps, warmup=measure_warmup,
-            precision=precision, optimizer_slots=optimizer_slots, input_shape=input_shape, num_classes=num_classes,
+            grad_accum_steps=accum, precision=precision, optimizer_slots=optimizer_slots, input_shape=input_shape, num_classes=num_classes,
         )
         fields.update(
-            params=m.params, step_time=m.step_seconds, step_time_source="measured",
+            params=m.params, step_time=m.step_seconds / accum, step_time_source="measured",
             measured_peak_bytes=m.peak_bytes, measured_peak_source=m.peak_source,
         )
         if fields["activation_bytes"] is None and m.device.startswith("GPU") and m.peak_bytes is not None:
-            memory = Plan(**fields).memory  # the measured step had no accumulator
-            static = memory.static_bytes - memory.accumulator_bytes
+            static = Plan(**fields).memory.static_bytes  # the measured step had the accumulator too
             fields["activation_bytes"] = max(0, m.peak_bytes - static) / micro  # GPU:0 holds one replica
         result = Plan(**fields)
     elif model is not None:

@@ -8,8 +8,10 @@ save) rather than by racing a timer; one test also kills from outside.
 import glob
 import hashlib
 import os
+import json
 import signal
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -245,3 +247,66 @@ def test_a_failing_background_write_is_raised_and_earlier_checkpoints_stay(tmp_p
     for name, digest in before.items():
         if name != "checkpoint" and not name.endswith(ckpt_mod.METADATA_SUFFIX):
             assert _tree_digest(tmp_path).get(name) == digest, name
+
+
+_REPLICA_METRICS = textwrap.dedent(
+    """
+    import json, sys, tempfile
+    import tfdist
+    devices = tfdist.split_cpu(2)
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+    from tfdist import checkpoint as ckpt_mod, keras_model
+
+    def build():
+        m = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
+        m.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return m
+
+    strategy = tfdist.make_strategy("mirrored", devices=devices)
+    model = keras_model.resolve(build, strategy)
+    keras_model.build_state(model, (np.zeros((4, 3), np.float32), np.zeros((4,), np.int64)))
+    loss = model.metrics[0]
+    per_replica = tf.constant([[3.0e7, 0.37, 1.1], [5.0, 2.9e-3, 7.7]])  # replica r adds row r
+
+    @tf.function
+    def update():
+        def step():
+            row = tf.gather(per_replica, tf.distribute.get_replica_context().replica_id_in_sync_group)
+            for value in tf.unstack(row):
+                loss.update_state(value)
+        strategy.run(step)
+
+    def components():
+        return [[float(c.numpy()) for c in v.values] for v in loss.variables]
+
+    def checkpointer(directory):
+        options = ckpt_mod.CheckpointOptions(directory=directory, async_save=False)
+        return ckpt_mod.Checkpointer(options=options, model=model, generators={}, is_chief=True,
+                                     task_name="worker:0", run_metadata={"seed": 0})
+
+    directory = tempfile.mkdtemp()
+    update()
+    before = components()
+    checkpointer(directory).save(global_step=5, epoch=0, step_in_epoch=5, history=[])
+    update()  # the state moves on, then the run dies
+    loss.reset_state()
+    resumed = checkpointer(directory)
+    resumed.restore()
+    resumed.restore_metrics()
+    print("RESULT " + json.dumps({"before": before, "after": components(), "result": float(loss.result())}))
+    """
+)
+
+
+@pytest.mark.timeout(200)
+def test_each_replica_gets_its_own_metric_accumulators_back(procs):
+    """Mirrored: a plain checkpoint would give each replica half the summed total; the
+    resumed epoch's float additions would then differ from an uninterrupted run's."""
+    code, out = procs.run([sys.executable, "-c", _REPLICA_METRICS], timeout=180, env=base_env())
+    assert code == 0, out[-3000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    total, count = result["before"]
+    assert total[0] != total[1] and count == [3.0, 3.0]
+    assert result["after"] == result["before"]

@@ -3,7 +3,7 @@
 A checkpoint ``ckpt-<global step>`` holds the model weights, the optimizer (slots and
 iterations), the progress counters (global step, epoch, step in epoch; the data position
 follows from them and the seed), the state of every random layer's generator, and the
-epoch's metric accumulators. ``ckpt-<step>.tfdist.json`` beside it records the run it
+epoch's metric accumulators (per replica). ``ckpt-<step>.tfdist.json`` beside it records the run it
 belongs to (strategy, replicas, batch sizes, seed, data and model fingerprints, versions)
 and the history so far.
 
@@ -88,6 +88,82 @@ def model_fingerprint(model) -> str:
         shapes = ",".join(f"{tuple(w.shape)}:{w.dtype.name}" for w in layer.weights)
         digest.update(f"{type(layer).__name__}[{shapes}];".encode())
     return digest.hexdigest()[:16]
+
+
+class _ReplicaMetrics:
+    """Each replica's own metric accumulators, so that a resumed epoch reports the same metrics.
+
+    Under mirrored and multi_worker_mirrored a metric's variables are on-read-synchronized:
+    every replica accumulates its own partial sum, and reading adds them up. A plain
+    checkpoint keeps only that sum and restores ``sum / replicas`` into every replica, which
+    changes the order of the float additions that follow (the resumed epoch's loss then
+    differs in its last bits). This keeps every replica's value, gathered from all workers,
+    in a ``[replicas, ...]`` variable per metric variable, and puts each row back into its
+    own replica. It is used only when the replica count matches the checkpoint's; otherwise
+    the summed values are restored.
+    """
+
+    def __init__(self, model):
+        import tensorflow as tf
+
+        self.strategy = model.distribute_strategy
+        self.replicas = self.strategy.num_replicas_in_sync
+        self.variables = [v for metric in model.metrics for v in metric.variables]
+        self.module = tf.Module(name="replica_metrics")
+        self.shadows = []
+        with tf.init_scope():
+            for j, variable in enumerate(self.variables):
+                shadow = tf.Variable(tf.zeros([self.replicas, *variable.shape], variable.dtype), trainable=False,
+                                     name=f"replica_metric_{j}")
+                setattr(self.module, self.key(j), shadow)
+                self.shadows.append(shadow)
+        strategy, variables = self.strategy, self.variables
+
+        @tf.function
+        def gather():
+            # In replica context an on-read variable reads as this replica's own value.
+            local = strategy.run(lambda: [tf.expand_dims(tf.identity(v), 0) for v in variables])
+            return [strategy.gather(value, axis=0) for value in local]
+
+        @tf.function
+        def scatter():
+            def assign():
+                replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+                for variable, shadow in zip(variables, self.shadows):
+                    variable.assign(tf.gather(shadow, replica))
+
+            strategy.run(assign)
+
+        self._gather, self._scatter = gather, scatter
+
+    def key(self, j: int) -> str:
+        return f"r{self.replicas}_v{j}"  # a checkpoint of another replica count does not match
+
+    @staticmethod
+    def needed(model) -> bool:
+        import tensorflow as tf
+
+        return any(
+            isinstance(v, tf.distribute.DistributedValues) and v.synchronization == tf.VariableSynchronization.ON_READ
+            for metric in model.metrics for v in metric.variables
+        )
+
+    def capture(self) -> None:
+        """Copies every replica's accumulators into the checkpointed variables (a collective
+        under multi_worker_mirrored: every worker calls it at the same step)."""
+        for shadow, value in zip(self.shadows, self._gather()):
+            shadow.assign(value)
+
+    def restore(self, path: str) -> bool:
+        """Puts each replica's accumulators back from the (already restored) variables, if
+        ``path`` holds them for this replica count; False otherwise."""
+        import tensorflow as tf
+
+        names = {name for name, _ in tf.train.list_variables(path)}
+        if self.variables and not any(f"replica_metrics/{self.key(0)}/" in name for name in names):
+            return False
+        self._scatter()
+        return True
 
 
 class _Counters:
@@ -194,8 +270,14 @@ class Checkpointer:
         rng = tf.Module(name="rng")
         for key, generator in generators.items():
             setattr(rng, f"g_{key}", generator)
+        parameter_server = isinstance(model.distribute_strategy, tf.distribute.experimental.ParameterServerStrategy)
+        self._replica_metrics = (
+            _ReplicaMetrics(model) if not parameter_server and _ReplicaMetrics.needed(model) else None
+        )
+        extra = {"replica_metrics": self._replica_metrics.module} if self._replica_metrics else {}
         self.root = tf.train.Checkpoint(
-            model=model, optimizer=model.optimizer, progress=self.counters.module, rng=rng, metrics=self._metrics
+            model=model, optimizer=model.optimizer, progress=self.counters.module, rng=rng, metrics=self._metrics,
+            **extra,
         )
         self._metrics_root = tf.train.Checkpoint(metrics=self._metrics)
         if is_chief:
@@ -244,6 +326,8 @@ class Checkpointer:
             return None
         self.sync()  # one save in flight at a time; surfaces the previous save's error
         self.counters.set(global_step=global_step, epoch=epoch, step_in_epoch=step_in_epoch)
+        if self._replica_metrics is not None:
+            self._replica_metrics.capture()
         metadata = dict(
             self.run_metadata,
             format=FORMAT,
@@ -354,5 +438,8 @@ class Checkpointer:
 
     def restore_metrics(self) -> None:
         """Restores the epoch's metric accumulators of the checkpoint resumed from (after Keras reset them)."""
-        if self.resumed_from is not None:
-            self._metrics_root.restore(self.resumed_from.path).expect_partial()
+        if self.resumed_from is None:
+            return
+        if self._replica_metrics is not None and self._replica_metrics.restore(self.resumed_from.path):
+            return
+        self._metrics_root.restore(self.resumed_from.path).expect_partial()

@@ -40,6 +40,7 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
     assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),
                          checkpoint_tensors(str(interrupted / "checkpoints")))
     assert resumed["final_loss"] == summary["final_loss"]
+    assert _history(interrupted) == _history(reference)  # every epoch's metrics, the resumed one too
 
     # A checkpoint of 2 workers restores under one_device (same global batch), and continues.
     code, out = procs.tfdist(*TRAIN, "--epochs", "4", "--strategy", "one_device", "--per-replica-batch-size", "32",
@@ -48,6 +49,10 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
     assert code == 0, out[-4000:]
     one = read_json(tmp_path / "one.json")
     assert one["strategy"] == "one_device" and one["start_step"] == 24 and one["global_step"] == 32
+
+
+def _history(out_dir):
+    return read_json(out_dir / "checkpoints" / "ckpt-24.tfdist.json")["history"]
 
 
 def _tf_config(ports, index):

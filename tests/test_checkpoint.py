@@ -193,6 +193,21 @@ def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path):
     assert changed.tfdist.start_step > 0
 
 
+def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_nothing(tmp_path, procs):
+    from tfdist.errors import CheckpointError
+
+    _fit(tmp_path, epochs=1)
+    before = _tree_digest(tmp_path)
+    # A fresh run there would let the retention policy (keep=3) delete the earlier run's checkpoints.
+    with pytest.raises(CheckpointError, match=r"resume=False was given but .* holds 3 checkpoint\(s\).*ckpt-15.*Fix:"):
+        _fit(tmp_path, epochs=1, batch_size=10, resume=False)
+    assert _tree_digest(tmp_path) == before
+    code, out = procs.tfdist("train", "--no-resume", "--checkpoint-dir", str(tmp_path), "--output-dir", str(tmp_path / "out"),
+                             timeout=60)
+    assert code == 2 and "--no-resume was given" in out and "Traceback" not in out, out[-2000:]
+    assert _tree_digest(tmp_path) == before
+
+
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
     _fit(tmp_path, epochs=1)  # 15 steps: saves at 3, 6, 9, 12, (keep 3) and 15
     latest = max(glob.glob(str(tmp_path / "ckpt-*.index")), key=lambda p: int(p.split("-")[-1].split(".")[0]))

@@ -239,6 +239,18 @@ def latest_metadata(directory: str) -> dict | None:
     return read_metadata(paths[-1]) if paths else None
 
 
+def refuse_to_start_over(directory: str, *, what: str = "resume=False") -> None:
+    """Raises CheckpointError if ``directory`` already holds checkpoints: a fresh run there
+    would let the retention policy delete them."""
+    paths = checkpoint_paths(directory) if os.path.isdir(directory) else []
+    if paths:
+        raise CheckpointError(
+            f"{what} was given but {directory!r} holds {len(paths)} checkpoint(s) of an earlier run (latest "
+            f"{os.path.basename(paths[-1])}); received {what}. Fix: use another checkpoint directory, or resume; "
+            "tfdist never overwrites or deletes a run's checkpoints to start over."
+        )
+
+
 def checkpoint_files(prefix: str) -> list[str]:
     return sorted(glob.glob(glob.escape(prefix) + ".index") + glob.glob(glob.escape(prefix) + ".data-*"))
 
@@ -282,6 +294,8 @@ class Checkpointer:
         self._metrics_root = tf.train.Checkpoint(metrics=self._metrics)
         if is_chief:
             self.directory = options.directory
+            if not options.resume:
+                refuse_to_start_over(self.directory)
             self._check_writable(self.directory)
         else:  # tf.distribute: non-chief workers save too, to a place that is thrown away
             self.directory = tempfile.mkdtemp(prefix=f"tfdist-{task_name.replace(':', '-')}-")

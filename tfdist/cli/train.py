@@ -95,15 +95,13 @@ def _summary_line(summary) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     from tfdist import cluster as cluster_mod
-    from tfdist.errors import CheckpointError
 
     cluster = cluster_mod.detect()  # an invalid TF_CONFIG fails here, before TensorFlow starts
     checkpoint_dir = args.checkpoint_dir or os.path.join(args.output_dir, "checkpoints")
-    if args.no_resume and os.path.exists(os.path.join(checkpoint_dir, "checkpoint")):
-        raise CheckpointError(
-            f"--no-resume was given but {checkpoint_dir!r} holds checkpoints; received --no-resume. "
-            "Fix: pass another --output-dir or --checkpoint-dir; tfdist never overwrites a run's checkpoints."
-        )
+    if args.no_resume:
+        from tfdist.checkpoint import refuse_to_start_over
+
+        refuse_to_start_over(checkpoint_dir, what="--no-resume")
     devices = None
     if args.cpu_devices:
         from tfdist.strategy import split_cpu

@@ -35,6 +35,14 @@ def test_fit_trains_under_one_device_and_reports_the_run():
     assert len(history.epoch) == 3
 
 
+def test_tfdist_fit_stays_the_function_whatever_is_imported(procs):
+    # A module named like the function would replace it once imported (``from tfdist.fit import ...``).
+    code, out = procs.run([sys.executable, "-c", "import tfdist.training, tfdist.cli.train, tfdist; "
+                           "from tfdist.training import FitSummary; print(callable(tfdist.fit), tfdist.fit.__module__)"],
+                          timeout=120, env=base_env())
+    assert code == 0 and out.split()[-2:] == ["True", "tfdist.training"], out[-2000:]
+
+
 def test_same_seed_with_determinism_gives_identical_weights():
     runs = [tfdist.fit(CNN, "digits", epochs=1, batch_size=128, strategy="one_device", seed=5, deterministic=True,
                        verbose=0).model.get_weights() for _ in range(2)]

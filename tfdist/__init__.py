@@ -24,7 +24,7 @@ from tfdist.errors import (
 )
 
 _LAZY = {
-    "fit": "tfdist.fit",
+    "fit": "tfdist.training",
     "make_strategy": "tfdist.strategy",
     "split_cpu": "tfdist.strategy",
     "detect_cluster": ("tfdist.cluster", "detect"),
@@ -57,7 +57,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import ClusterSpec
     from tfdist.cluster import detect as detect_cluster
-    from tfdist.fit import fit
+    from tfdist.training import fit
     from tfdist.planner import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu
 

@@ -112,7 +112,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     from tfdist import data as data_mod
     from tfdist import models
-    from tfdist.fit import fit
+    from tfdist.training import fit
 
     train, validation = data_mod.load(args.data)
     num_classes = int(max(int(train.y.max()), int(validation.y.max()) if validation is not None else 0)) + 1

@@ -1,4 +1,4 @@
-"""``tfdist.fit``: strategy -> model in scope -> data -> restore -> Keras fit -> summary."""
+"""``tfdist.fit`` (module ``tfdist.training``): strategy -> model in scope -> data -> restore -> Keras fit -> summary."""
 
 from __future__ import annotations
 

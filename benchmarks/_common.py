@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 
 RESULT_PREFIX = "BENCH-RESULT "
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # measure this checkout's tfdist, in this process as in the children
+    sys.path.insert(0, REPO)
 
 
 # --- the machine -------------------------------------------------------------------------------

@@ -325,3 +325,21 @@ def test_each_replica_gets_its_own_metric_accumulators_back(procs):
     total, count = result["before"]
     assert total[0] != total[1] and count == [3.0, 3.0]
     assert result["after"] == result["before"]
+
+
+def test_the_checkpointer_reports_when_a_background_save_was_written(tmp_path):
+    import tfdist
+    from tfdist import checkpoint as ckpt_mod
+    from tfdist import keras_model
+
+    model = keras_model.resolve(_tiny, tfdist.make_strategy("one_device"))
+    keras_model.build_state(model, (_X[:4], _Y[:4]))
+    checkpointer = ckpt_mod.Checkpointer(options=ckpt_mod.CheckpointOptions(directory=str(tmp_path), keep=1),
+                                         model=model, generators={}, is_chief=True, task_name="worker:0",
+                                         run_metadata={"seed": 0})
+    for step in (1, 2):
+        path = checkpointer.save(global_step=step, epoch=0, step_in_epoch=step, history=[])
+        checkpointer.sync()
+        assert checkpointer.last_write_seconds is not None and checkpointer.last_write_seconds > 0
+        assert ckpt_mod.checkpoint_paths(str(tmp_path)) == [path]  # written, listed, and the older one swept
+    checkpointer.close()

@@ -306,8 +306,18 @@ class Checkpointer:
             keep_checkpoint_every_n_hours=options.keep_every_hours if is_chief else None,
             checkpoint_name="ckpt",
         )
-        self._save_options = tf.train.CheckpointOptions(enable_async=options.async_save)
+        # The callback runs when a save's files are complete (in the writer thread when async),
+        # before the manager lists the checkpoint and deletes the oldest one.
+        self._save_options = tf.train.CheckpointOptions(
+            enable_async=options.async_save, experimental_write_callbacks=[self._written]
+        )
         self.last_save_time = time.monotonic()
+        self._save_started: float | None = None
+        self.last_write_seconds: float | None = None
+        """Seconds from the last ``save()`` call until its files were complete (not counting
+        the deletion of checkpoints past ``keep``); ``last_written_at`` is that moment
+        (``time.perf_counter()``)."""
+        self.last_written_at: float | None = None
         self.last_saved_step: int | None = None
         self.resumed_from: ResumePoint | None = None
 
@@ -323,6 +333,12 @@ class Checkpointer:
                 f"the checkpoint directory is not writable; received checkpoint_dir={directory!r} ({e.strerror}). "
                 "Fix: choose a directory you can write to, or fix its permissions."
             ) from None
+
+    def _written(self, save_path: str) -> None:
+        if self._save_started is not None:
+            self.last_written_at = time.perf_counter()
+            self.last_write_seconds = self.last_written_at - self._save_started
+            log.debug("%s written in %.3f s", save_path, self.last_write_seconds)
 
     def sync(self) -> None:
         """Waits for a background save; raises CheckpointError if it failed."""
@@ -354,6 +370,7 @@ class Checkpointer:
         )
         if self.is_chief:
             self._quarantine_existing(global_step)
+        self._save_started, self.last_write_seconds, self.last_written_at = time.perf_counter(), None, None
         try:
             path = self.manager.save(checkpoint_number=global_step, options=self._save_options)
         except Exception as e:

@@ -163,6 +163,22 @@ def test_steps_per_execution_above_one_resumes_exactly(tmp_path):
     assert reference.history["loss"] == resumed.history["loss"]
 
 
+def test_a_signal_at_an_epochs_last_step_lets_the_epoch_finish_first(tmp_path, monkeypatch):
+    from tfdist import checkpoint as ckpt_mod
+
+    reference = _fit(tmp_path / "ref")
+    monkeypatch.setenv("TFDIST_FAULT", "term_at_step:15")  # the last step of epoch 0
+    with pytest.raises(SystemExit) as info:
+        _fit(tmp_path / "int")
+    assert info.value.code == 75
+    saved = ckpt_mod.latest_metadata(str(tmp_path / "int"))
+    assert saved["global_step"] == 15 and len(saved["history"]) == 1  # the epoch was recorded before stopping
+    monkeypatch.delenv("TFDIST_FAULT")
+    resumed = _fit(tmp_path / "int")
+    assert resumed.tfdist.start_step == 15 and resumed.history == reference.history
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+
+
 def test_a_dataset_of_unknown_length_resumes_exactly(tmp_path):
     import tensorflow as tf
 

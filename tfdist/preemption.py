@@ -62,15 +62,63 @@ class PreemptionWatcher:
         return False
 
 
-def any_worker(strategy, flags: list[bool]) -> list[bool]:
-    """For each flag, whether it is set on any worker (one small all-reduce).
+AGREE_PERIOD_SECONDS = 1.0
+"""How often the workers of a multi-worker job compare their flags (about once a second)."""
+MAX_AGREE_INTERVAL = 10_000
 
-    Every worker must call this at the same step: a save is a collective under
-    multi_worker_mirrored, so all workers must agree to save together.
-    """
+
+def sum_over_workers(strategy, values: list[int]) -> list[int]:
+    """Each value summed over the workers (one small all-reduce; each worker counted once,
+    whatever its number of local replicas). Every worker must call it at the same step."""
     import tensorflow as tf
 
-    local = tf.constant([1 if f else 0 for f in flags], tf.int32)
-    values = strategy.experimental_distribute_values_from_function(lambda ctx: local)
-    total = strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None)
-    return [bool(v > 0) for v in total.numpy()]
+    local = tf.constant(values, tf.int64)
+    none = tf.zeros_like(local)
+    per_worker = max(1, len(strategy.extended.worker_devices))
+    distributed = strategy.experimental_distribute_values_from_function(
+        lambda ctx: local if ctx.replica_id_in_sync_group % per_worker == 0 else none
+    )
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, distributed, axis=None)
+    return [int(v) for v in total.numpy()]
+
+
+def agree_interval(*, steps: int, seconds: float, period: float = AGREE_PERIOD_SECONDS) -> int:
+    """Steps until the next agreement, so that agreements come about every ``period`` seconds."""
+    if steps <= 0 or seconds <= 0:
+        return 1
+    return int(min(MAX_AGREE_INTERVAL, max(1, period * steps / seconds)))
+
+
+class Agreement:
+    """Lets the workers of a multi-worker job act together on flags only some of them see.
+
+    A preemption signal may reach one worker, and time-based saves depend on each worker's
+    clock; but a save is a collective under multi_worker_mirrored, so every worker must
+    decide to save at the same step. The workers compare their flags with one small
+    all-reduce at agreed steps, about once every ``period`` seconds (an all-reduce per step
+    would cost a quarter of a small model's step): the chief proposes the next agreement
+    step from the measured step time, in the same all-reduce. Between agreements no worker
+    acts on its flags, so a signal is answered within about ``period`` seconds.
+    """
+
+    def __init__(self, strategy, *, is_chief: bool, period: float = AGREE_PERIOD_SECONDS):
+        self._strategy = strategy
+        self._is_chief = is_chief
+        self._period = period
+        self._next_step: int | None = None  # None: at the first step
+        self._last: tuple[int, float] | None = None
+
+    def due(self, step: int) -> bool:
+        return self._next_step is None or step >= self._next_step
+
+    def agree(self, step: int, flags: list[bool]) -> list[bool]:
+        """For each flag, whether any worker has it set. Call it when ``due(step)``, on every worker."""
+        now = time.monotonic()
+        proposal = 0
+        if self._is_chief:
+            proposal = 1 if self._last is None else agree_interval(
+                steps=step - self._last[0], seconds=now - self._last[1], period=self._period)
+        *totals, interval = sum_over_workers(self._strategy, [1 if f else 0 for f in flags] + [proposal])
+        self._next_step = step + max(1, interval)
+        self._last = (step, now)
+        return [total > 0 for total in totals]

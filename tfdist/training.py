@@ -19,7 +19,7 @@ from tfdist import strategy as strategy_mod
 from tfdist.cluster import EVALUATOR, ClusterSpec, detect
 from tfdist.errors import DataError, ModelError, PeerUnavailableError
 from tfdist.faults import Faults
-from tfdist.preemption import Preempted, PreemptionWatcher, any_worker
+from tfdist.preemption import Agreement, Preempted, PreemptionWatcher
 
 log = logging.getLogger("tfdist")
 
@@ -70,7 +70,7 @@ def _training_callback_class():
     class TrainingCallback(tf_keras.callbacks.Callback):
         """Counts global steps, resumes mid-epoch, saves, and answers preemption."""
 
-        def __init__(self, *, plan, start_step, checkpointer, checkpoint_options, watcher, agree_strategy, history,
+        def __init__(self, *, plan, start_step, checkpointer, checkpoint_options, watcher, agreement, history,
                      faults):
             super().__init__()
             # Batch logs are never read here, so tf_keras may pass them unresolved: this is
@@ -81,7 +81,8 @@ def _training_callback_class():
             self._ckpt = checkpointer
             self._options = checkpoint_options
             self._watcher = watcher
-            self._agree_strategy = agree_strategy
+            self._agreement = agreement
+            self._preempt_at_epoch_end = False
             self.history = history  # per-epoch logs, earlier runs included
             self._faults = faults
             self.global_step = start_step
@@ -126,26 +127,36 @@ def _training_callback_class():
             self._faults.fire("kill_at_step", step)
             self._faults.fire("term_at_step", step)
             preempt = self._watcher.requested
-            due = False
+            due = timed = False
             if self._ckpt is not None and step % spe:  # an epoch's last step is saved at epoch end
                 every = self._options.save_every_steps
-                due = bool(every and step % every == 0)
+                due = bool(every and step % every == 0)  # the same step on every worker
                 seconds = self._options.save_every_seconds
-                if seconds and time.monotonic() - self._ckpt.last_save_time >= seconds:
-                    due = True
-            if self._agree_strategy is not None:  # every worker must take part in a save
-                preempt, due = any_worker(self._agree_strategy, [preempt, due])
-            if due or preempt:
+                timed = bool(seconds and time.monotonic() - self._ckpt.last_save_time >= seconds)
+            if self._agreement is not None:
+                # A save is a collective: flags that can differ between workers (a signal, a
+                # clock) are acted on only at agreed steps, by every worker together.
+                agreed = self._agreement.due(step)
+                preempt, timed = self._agreement.agree(step, [preempt, timed]) if agreed else (False, False)
+            if preempt and not step % spe:
+                self._preempt_at_epoch_end = True  # let the epoch validate and record itself first
+            elif due or timed or preempt:
                 self._save()
-            if preempt:
-                if self._ckpt is not None:
-                    self._ckpt.sync()
-                raise Preempted(step, self._watcher.signal_name or "another worker's signal")
+                if preempt:
+                    self._stop_preempted(step)
+
+        def _stop_preempted(self, step):
+            if self._ckpt is not None:
+                self._ckpt.sync()
+            raise Preempted(step, self._watcher.signal_name or "another worker's signal")
 
         def on_epoch_end(self, epoch, logs=None):
             logs = tf_utils.sync_to_numpy_or_python_type(logs or {})
             self.history.append({k: float(v) for k, v in logs.items() if np.ndim(v) == 0})
-            self._save(complete=self.global_step >= self._plan.total_steps)
+            complete = self.global_step >= self._plan.total_steps
+            self._save(complete=complete)
+            if self._preempt_at_epoch_end and not complete:
+                self._stop_preempted(self.global_step)
 
         def on_train_end(self, logs=None):
             self._train_seconds = time.monotonic() - (self._t0 or time.monotonic())
@@ -406,7 +417,7 @@ def fit(
         checkpointer=checkpointer,
         checkpoint_options=checkpoint_options,
         watcher=PreemptionWatcher(),
-        agree_strategy=strat if multi_worker else None,
+        agreement=Agreement(strat, is_chief=is_chief) if multi_worker else None,
         history=previous_history,
         faults=Faults(task_name=cluster.task_name),
     )

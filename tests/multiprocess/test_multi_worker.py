@@ -42,6 +42,19 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
     assert resumed["final_loss"] == summary["final_loss"]
     assert _history(interrupted) == _history(reference)  # every epoch's metrics, the resumed one too
 
+    # SIGTERM reaches worker:1 alone at step 10: the workers agree on a step, both save there
+    # and exit with 75, the launcher restarts the cluster, and the run ends identical.
+    preempted = tmp_path / "preempted"
+    code, out = _launch(procs, preempted, fault="worker:1/term_at_step:10")
+    assert code == 0, out[-4000:]
+    assert "[worker:1] tfdist: SIGTERM received" in out and "exited with code 75" in out and "(restart 1)" in out
+    assert "preempted by another worker's signal" in out  # worker:0 saved and stopped with it
+    after = read_json(preempted / "summary.json")
+    assert 10 <= after["start_step"] < 24 and after["global_step"] == 24
+    assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),
+                         checkpoint_tensors(str(preempted / "checkpoints")))
+    assert _history(preempted) == _history(reference)
+
     # A checkpoint of 2 workers restores under one_device (same global batch), and continues.
     code, out = procs.tfdist(*TRAIN, "--epochs", "4", "--strategy", "one_device", "--per-replica-batch-size", "32",
                              "--output-dir", str(reference), "--summary-json", str(tmp_path / "one.json"),

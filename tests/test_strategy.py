@@ -123,3 +123,23 @@ def test_help_does_not_import_tensorflow(procs):
         timeout=60,
     )
     assert code == 0 and out.strip().endswith("ok"), out[-2000:]
+
+
+_STUCK = """
+import sys, time
+from tfdist.cluster import parse_tf_config
+from tfdist.strategy import startup_watchdog
+cluster = parse_tf_config('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}')
+with startup_watchdog(cluster, float(sys.argv[1])):
+    time.sleep(float(sys.argv[2]))
+print("left the block")
+"""
+
+
+@pytest.mark.parametrize("timeout, stuck_for, killed", [(1.0, 60.0, True), (30.0, 0.1, False)])
+def test_the_startup_watchdog_kills_a_process_stuck_past_its_timeout(procs, timeout, stuck_for, killed):
+    code, out = procs.run([sys.executable, "-c", _STUCK, str(timeout), str(stuck_for)], timeout=50, env=base_env())
+    if killed:
+        assert code == -9 and "the cluster did not form within 1 s: a peer (worker:1) answered but never joined" in out, out
+    else:
+        assert code == 0 and "left the block" in out and "error" not in out, out

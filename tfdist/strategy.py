@@ -439,7 +439,7 @@ def wait_for_peers(cluster: ClusterSpec, timeout: float) -> None:
             listener.close()
 
 
-_WATCHDOG = """
+_WATCHDOG = r"""
 import os, select, signal, sys
 parent, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 ready, _, _ = select.select([sys.stdin], [], [], timeout)

@@ -101,10 +101,10 @@ class Agreement:
     acts on its flags, so a signal is answered within about ``period`` seconds.
     """
 
-    def __init__(self, strategy, *, is_chief: bool, period: float = AGREE_PERIOD_SECONDS):
+    def __init__(self, strategy, *, is_chief: bool, period: float | None = None):
         self._strategy = strategy
         self._is_chief = is_chief
-        self._period = period
+        self._period = AGREE_PERIOD_SECONDS if period is None else period
         self._next_step: int | None = None  # None: at the first step
         self._last: tuple[int, float] | None = None
 

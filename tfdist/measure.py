@@ -96,8 +96,10 @@ def measure_step_time(
     ``model`` is a built-in name or a saved-model path, built under ``strategy``, or a
     tf_keras model object, trained as is without a strategy. Plain tf_keras ``model.fit``
     runs with a callback that reads the loss after every batch, so each timed step has
-    finished on the device. Each replica gets ``micro_batch_size`` examples; the loss is a
-    mean squared error against random targets. Every process of a cluster must call this.
+    finished on the device. Each replica gets ``micro_batch_size`` examples of random data;
+    a built-in model is trained with its own loss and metric (cross-entropy, accuracy) on
+    random labels, any other with a mean squared error against random targets. Every
+    process of a cluster must call this.
     """
     for name, value in (("micro_batch_size", micro_batch_size), ("steps", steps), ("grad_accum_steps", grad_accum_steps)):
         check_int(name, value)
@@ -113,6 +115,7 @@ def measure_step_time(
     from tfdist.strategy import make_strategy, name_of
 
     gpus = tf.config.list_physical_devices("GPU")
+    builtin = isinstance(model, str) and not os.path.exists(model)  # a built-in classifier of tfdist.models
     # A model object was built outside any strategy scope, so it trains without one.
     dist = make_strategy(strategy) if isinstance(model, str) else tf.distribute.get_strategy()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -128,7 +131,11 @@ def measure_step_time(
             optimizer = {0: tf_keras.optimizers.SGD(), 1: tf_keras.optimizers.SGD(momentum=0.9)}.get(
                 optimizer_slots, tf_keras.optimizers.Adam()
             )
-            net.compile(optimizer=optimizer, loss="mse")
+            if builtin:  # the loss and metric of the real run: their cost is part of a step
+                net.compile(optimizer=optimizer, loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                            metrics=["accuracy"])
+            else:
+                net.compile(optimizer=optimizer, loss="mse")
             install_grad_accumulation(net, grad_accum_steps)
     finally:
         tf_keras.mixed_precision.set_global_policy(previous_policy)
@@ -142,7 +149,10 @@ def measure_step_time(
         return rng.standard_normal(shape).astype("float32")
 
     xs = [random_like(t) for t in net.inputs]
-    ys = [random_like(t) if not t.dtype.is_integer else random_like(t).astype("float32") for t in net.outputs]
+    if builtin:
+        ys = [rng.integers(0, net.outputs[0].shape[-1], size=(batch,)).astype("int32")]
+    else:
+        ys = [random_like(t) if not t.dtype.is_integer else random_like(t).astype("float32") for t in net.outputs]
     one = lambda arrays: tuple(arrays) if len(arrays) > 1 else arrays[0]  # noqa: E731
     data = tf.data.Dataset.from_tensor_slices((one(xs), one(ys)))
     options = tf.data.Options()

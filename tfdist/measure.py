@@ -16,6 +16,12 @@ if TYPE_CHECKING:  # pragma: no cover
     import tf_keras
 
 
+MIN_TIMED_SECONDS = 1.0
+"""``measure_step_time`` times at least this long (more steps than asked for when they are short)."""
+MAX_TIMED_STEPS = 5000
+TIMED_BLOCKS = 5
+
+
 def _load_model(model: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None):
     """A tf_keras model from a saved-model path or a built-in model name."""
     if os.path.exists(model):
@@ -87,16 +93,20 @@ def measure_step_time(
     input_shape: Sequence[int] | None = None,
     num_classes: int | None = None,
 ) -> Measurement:
-    """Times ``steps`` train steps of ``model`` after ``warmup`` steps, on random data.
+    """Times at least ``steps`` train steps of ``model`` after ``warmup`` steps (at least two),
+    on random data.
+
+    Short steps are timed for at least ``MIN_TIMED_SECONDS`` (more steps than asked for), in
+    ``TIMED_BLOCKS`` blocks that run asynchronously, as training does, with the device waited
+    for only at the end of each block; ``step_seconds`` is the median block's time per step.
 
     With ``grad_accum_steps`` > 1 the steps are tfdist's accumulated steps (one while loop
     over the micro batches, one optimizer update), so their fixed cost -- dispatch,
     optimizer update, metrics -- is measured once per optimizer step, as it is paid.
 
     ``model`` is a built-in name or a saved-model path, built under ``strategy``, or a
-    tf_keras model object, trained as is without a strategy. Plain tf_keras ``model.fit``
-    runs with a callback that reads the loss after every batch, so each timed step has
-    finished on the device. Each replica gets ``micro_batch_size`` examples of random data;
+    tf_keras model object, trained as is without a strategy, with plain tf_keras
+    ``model.fit``. Each replica gets ``micro_batch_size`` examples of random data;
     a built-in model is trained with its own loss and metric (cross-entropy, accuracy) on
     random labels, any other with a mean squared error against random targets. Every
     process of a cluster must call this.
@@ -159,17 +169,39 @@ def measure_step_time(
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     data = data.batch(batch, drop_remainder=True).cache().repeat().with_options(options)
 
-    ends: list[float] = []
+    marks: list[float] = []
+    sync_at: set[int] = set()
 
     class _Timer(tf_keras.callbacks.Callback):
-        def on_train_batch_end(self, batch_index, logs=None):
-            float((logs or {}).get("loss", 0.0))  # wait for the step to finish on the device
-            ends.append(time.perf_counter())
+        """Records when chosen steps have finished; between them the steps run asynchronously,
+        as they do in training (reading the loss waits for the device)."""
 
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True
+
+        def on_train_batch_end(self, batch_index, logs=None):
+            if batch_index + 1 in sync_at:
+                float((logs or {}).get("loss", 0.0))
+                marks.append(time.perf_counter())
+
+    # Warm-up (tracing; at least two steps), each step waited for: a first estimate of the step.
+    probe = max(2, warmup)
+    sync_at.update(range(1, probe + 1))
+    net.fit(data, epochs=1, steps_per_epoch=probe, verbose=0, callbacks=[_Timer()])
+    estimate = float(np.median(np.diff(marks)))
+    # Timed: at least `steps` steps and MIN_TIMED_SECONDS of them, in TIMED_BLOCKS blocks; the
+    # median block (one slowed down by another process on the machine does not count).
+    timed = int(min(MAX_TIMED_STEPS, max(steps, np.ceil(MIN_TIMED_SECONDS / max(estimate, 1e-6)))))
+    blocks = min(TIMED_BLOCKS, timed)
+    bounds = [round(timed * (i + 1) / blocks) for i in range(blocks)]
+    marks.clear()
+    sync_at.clear()
+    sync_at.update(bounds)
     start = time.perf_counter()
-    net.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0, callbacks=[_Timer()])
-    # The median step: one step slowed down by another process on the machine does not count.
-    step_seconds = float(np.median(np.diff([ends[warmup - 1] if warmup else start, *ends[warmup:]])))
+    net.fit(data, epochs=1, steps_per_epoch=timed, verbose=0, callbacks=[_Timer()])
+    step_seconds = float(np.median([(end - begin) / (b - a) for begin, end, a, b in
+                                    zip([start, *marks[:-1]], marks, [0, *bounds[:-1]], bounds)]))
     if gpus:
         peak, source = int(tf.config.experimental.get_memory_info("GPU:0")["peak"]), "GPU:0 allocator peak"
     else:
@@ -178,7 +210,7 @@ def measure_step_time(
     return Measurement(
         step_seconds=step_seconds,
         params=int(net.count_params()),
-        steps=steps,
+        steps=timed,
         grad_accum_steps=grad_accum_steps,
         warmup=warmup,
         micro_batch_size=micro_batch_size,

@@ -54,7 +54,7 @@ def register(subparsers) -> None:
     timing = parser.add_argument_group("time")
     timing.add_argument("--step-time", metavar="S", help="seconds of one replica's train step on one micro batch")
     timing.add_argument("--measure", action="store_true", help="measure the step time with a short run of --model")
-    timing.add_argument("--measure-steps", metavar="N", default="20", help="timed steps of --measure (default 20; the median step counts)")
+    timing.add_argument("--measure-steps", metavar="N", default="20", help="timed steps of --measure, at least (default 20; short steps are timed for at least 1 s)")
     timing.add_argument("--strategy", default="auto", help="strategy of --measure (default auto)")
     timing.add_argument(
         "--link-bandwidth", metavar="B/s", default="10GB/s", help="slowest link of the all-reduce ring (default 10GB/s)"

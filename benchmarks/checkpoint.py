@@ -53,21 +53,14 @@ TARGET_RESUME = 1.5
 CHUNK = 16 << 20
 
 
-def _fsync_files(paths) -> None:
+def _fsync(paths) -> None:
+    """fsync each file or directory of ``paths``."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _checkpoint_bytes(prefix: str) -> int:
@@ -109,8 +102,7 @@ def saves(workdir: str, reps: int, model_name: str) -> dict:
         ck.sync()
         t2 = time.perf_counter()
         files = ckpt_mod.checkpoint_files(path)
-        _fsync_files(files)
-        _fsync_dir(ck.directory)
+        _fsync([*files, ck.directory])
         t3 = time.perf_counter()
         # written: until the checkpoint's files were complete (the Checkpointer's write callback),
         # i.e. without the manager deleting the checkpoint that falls out of `keep`.
@@ -126,8 +118,7 @@ def saves(workdir: str, reps: int, model_name: str) -> dict:
         path = checkpointers["sync"].root.write(prefix)
         t1 = time.perf_counter()
         files = ckpt_mod.checkpoint_files(path)
-        _fsync_files(files)
-        _fsync_dir(os.path.dirname(prefix))
+        _fsync([*files, os.path.dirname(prefix)])
         t2 = time.perf_counter()
         size = _checkpoint_bytes(path)
         for f in files:

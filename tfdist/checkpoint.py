@@ -292,10 +292,10 @@ class Checkpointer:
             **extra,
         )
         self._metrics_root = tf.train.Checkpoint(metrics=self._metrics)
+        if not options.resume:  # every worker, so that none waits in a collective for a chief that refused
+            refuse_to_start_over(options.directory)
         if is_chief:
             self.directory = options.directory
-            if not options.resume:
-                refuse_to_start_over(self.directory)
             self._check_writable(self.directory)
         else:  # tf.distribute: non-chief workers save too, to a place that is thrown away
             self.directory = tempfile.mkdtemp(prefix=f"tfdist-{task_name.replace(':', '-')}-")

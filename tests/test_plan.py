@@ -375,5 +375,5 @@ def test_measured_step_with_accumulation_is_one_accumulated_step():
     # Short steps are timed for about a second: more steps than asked for, after 2 warm-up steps.
     assert m.steps > 3
     steps = int(model.optimizer.iterations)
-    assert steps == 2 + m.steps  # one optimizer update per accumulated step
+    assert m.warmup == 2 and steps == m.warmup + m.steps  # one optimizer update per accumulated step
     assert int(counter.calls) == 2 * steps and int(counter.rows) == 8 * steps  # two micro batches of 4 per step

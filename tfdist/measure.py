@@ -212,7 +212,7 @@ def measure_step_time(
         params=int(net.count_params()),
         steps=timed,
         grad_accum_steps=grad_accum_steps,
-        warmup=warmup,
+        warmup=probe,  # the warm-up steps that ran (at least two)
         micro_batch_size=micro_batch_size,
         replicas=dist.num_replicas_in_sync,
         strategy=name_of(dist) if isinstance(model, str) else "none",

@@ -64,7 +64,7 @@ def _fsync(paths) -> None:
 
 
 def _checkpoint_bytes(prefix: str) -> int:
-    from tfdist.checkpoint import checkpoint_files
+    from tfdist.checkpoint.layout import checkpoint_files
 
     return sum(os.path.getsize(p) for p in checkpoint_files(prefix))
 
@@ -75,8 +75,10 @@ def saves(workdir: str, reps: int, model_name: str) -> dict:
     import tensorflow as tf
 
     from tfdist import checkpoint as ckpt_mod
-    from tfdist import keras_model, models
+    from tfdist import models
+    from tfdist.checkpoint.layout import checkpoint_files as layout_files
     from tfdist.data import load_digits
+    from tfdist.training import model as keras_model
 
     train, _ = load_digits()
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
@@ -89,7 +91,9 @@ def saves(workdir: str, reps: int, model_name: str) -> dict:
         options = ckpt_mod.CheckpointOptions(directory=os.path.join(workdir, mode), keep=2, async_save=mode == "async")
         checkpointers[mode] = ckpt_mod.Checkpointer(
             options=options, model=model, generators=keras_model.random_generators(model),
-            is_chief=True, task_name="chief:0", run_metadata={"benchmark": "checkpoint.py"},
+            is_chief=True, task_name="chief:0",
+            run_metadata=ckpt_mod.RunMetadata(global_batch_size=32, data_fingerprint="digits",
+                                              model_fingerprint=model_name, seed=0),
         )
     step = [0]
 
@@ -101,7 +105,7 @@ def saves(workdir: str, reps: int, model_name: str) -> dict:
         t1 = time.perf_counter()
         ck.sync()
         t2 = time.perf_counter()
-        files = ckpt_mod.checkpoint_files(path)
+        files = layout_files(path)
         _fsync([*files, ck.directory])
         t3 = time.perf_counter()
         # written: until the checkpoint's files were complete (the Checkpointer's write callback),
@@ -117,7 +121,7 @@ def saves(workdir: str, reps: int, model_name: str) -> dict:
         t0 = time.perf_counter()
         path = checkpointers["sync"].root.write(prefix)
         t1 = time.perf_counter()
-        files = ckpt_mod.checkpoint_files(path)
+        files = layout_files(path)
         _fsync([*files, os.path.dirname(prefix)])
         t2 = time.perf_counter()
         size = _checkpoint_bytes(path)
@@ -235,7 +239,7 @@ def throughput_child(spec: dict, conn) -> None:
             # The result goes now: what fit does after its last epoch (the final sync, and a tf.data
             # teardown that can take tens of seconds, see RESULTS.md) is not measured, and the
             # process is killed if it lingers.
-            from tfdist.checkpoint import checkpoint_paths
+            from tfdist.checkpoint.layout import checkpoint_paths
 
             assert self.last_step == steps and len(marks["turns"]) == turns_timed, (self.last_step, marks)
             saved = checkpoint_paths(directory) if directory else []
@@ -323,7 +327,9 @@ def e2e_step(spec: dict) -> dict:
     import tfdist
     from tfdist import checkpoint as ckpt_mod
     from tfdist import data as data_mod
-    from tfdist import keras_model, models
+    from tfdist import models
+    from tfdist.checkpoint import layout
+    from tfdist.training import model as keras_model
 
     x, y = _e2e_data(spec["steps"], spec["batch"])
     builder = models.builder("linear", input_shape=(4,), num_classes=10)
@@ -332,17 +338,16 @@ def e2e_step(spec: dict) -> dict:
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
         model = keras_model.resolve(builder, strategy)
         keras_model.build_state(model, (x[:32], y[:32]))
-        metadata = ckpt_mod.latest_metadata(directory)
-        per_save = ("format", "global_step", "epoch", "step_in_epoch", "complete", "history", "saved_at")
+        metadata = layout.latest_metadata(directory)
         ck = ckpt_mod.Checkpointer(
             options=ckpt_mod.CheckpointOptions(directory=directory, keep=1), model=model,
             generators=keras_model.random_generators(model), is_chief=True, task_name="chief:0",
-            run_metadata={k: v for k, v in metadata.items() if k not in per_save},
+            run_metadata=metadata.run(),
         )
         assert ck.restore().global_step == 10
-        ck.save(global_step=spec["far"], epoch=0, step_in_epoch=spec["far"], history=metadata["history"])
+        ck.save(global_step=spec["far"], epoch=0, step_in_epoch=spec["far"], history=metadata.history)
         ck.close()
-        return {"mode": "move", "latest": ckpt_mod.checkpoint_paths(directory)[-1]}
+        return {"mode": "move", "latest": layout.checkpoint_paths(directory)[-1]}
     marks = {}
 
     class Stop(tf_keras.callbacks.Callback):

@@ -9,7 +9,7 @@ batch, epochs and seed:
   (auto-sharded by data), ``model.fit(ds, epochs=E)``;
 * tfdist: ``tfdist.fit(builder, source, batch_size=B, strategy="multi_worker_mirrored")``
   without a checkpoint directory;
-* tfdist, agreement every step: the same with ``tfdist.preemption.AGREE_PERIOD_SECONDS = 0``,
+* tfdist, agreement every step: the same with ``tfdist.training.preemption.AGREE_PERIOD_SECONDS = 0``,
   i.e. the workers all-reduce their preemption flags after every step (what tfdist did
   before the agreement cadence): shows what that cadence saves.
 
@@ -46,7 +46,7 @@ def child(spec: dict) -> None:
     import tfdist
     from tfdist import data as data_mod
     from tfdist import models
-    from tfdist import preemption
+    from tfdist.training import preemption
 
     train, _ = data_mod.load_digits()
     x, y = train.x, train.y

@@ -100,7 +100,7 @@ def checkpoint_tensors(directory: str, *, prefix: str | None = None) -> dict:
 
     path = prefix or tf.train.latest_checkpoint(directory)
     assert path, f"no checkpoint in {directory}"
-    reader = tf.train.load_checkpoint(path)
+    reader = tf.compat.v1.train.NewCheckpointReader(path)  # load_checkpoint fails on ram:// prefixes
     return {
         name: reader.get_tensor(name)
         for name in reader.get_variable_to_shape_map()

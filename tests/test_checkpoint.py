@@ -1,6 +1,8 @@
 """Exact resume: runs killed at any moment and started again end bit-identical to a run never interrupted.
 
-Each scenario runs the real ``tfdist train`` in subprocesses. Kills are placed with
+Each scenario runs the real ``tfdist train`` in subprocesses, with the built-in ``resnet``: input
+noise, batch normalization (per-replica moving statistics under mirrored), dropout and a
+decaying learning rate, as real CNNs have. Kills are placed with
 ``TFDIST_FAULT`` (a task kills itself at an exact step, or right after starting an async
 save) rather than by racing a timer; one test also kills from outside.
 """
@@ -18,7 +20,7 @@ import pytest
 
 from conftest import assert_bit_identical, base_env, checkpoint_tensors, read_json, wait_for
 
-TRAIN = ["train", "--model", "cnn", "--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "32", "--seed", "4",
+TRAIN = ["train", "--model", "resnet", "--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "32", "--seed", "4",
          "--deterministic", "--save-every-steps", "3", "--verbose", "0"]
 TOTAL = 24
 STRATEGY_ARGS = {
@@ -57,16 +59,20 @@ def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, tmp_path, 
     # 1. SIGKILL mid-epoch (step 5 of 8; the save of step 3 may still be in flight).
     code, out = _train(procs, interrupted, args, fault="kill_at_step:5")
     assert code == -signal.SIGKILL, out[-3000:]
-    # 2. SIGKILL at the epoch boundary, while the asynchronous save of step 16 is in flight.
-    code, out = _train(procs, interrupted, args, fault="kill_after_save:16")
+    # 2. SIGKILL on an epoch's last step, before the epoch's end (validation, its save) ran.
+    code, out = _train(procs, interrupted, args, fault="kill_at_step:8")
     assert code == -signal.SIGKILL, out[-3000:]
     assert _resumed_at(out) in (0, 3)  # 0: step 3's save had not completed, so nothing was listed
-    # 3. SIGTERM (preemption) at step 20: saves there and exits with 75.
+    # 3. SIGKILL right after an epoch ended, while the asynchronous save of step 16 is in flight.
+    code, out = _train(procs, interrupted, args, fault="kill_after_save:16")
+    assert code == -signal.SIGKILL, out[-3000:]
+    assert _resumed_at(out) in (0, 3, 6)
+    # 4. SIGTERM (preemption) at step 20: saves there and exits with 75.
     code, out = _train(procs, interrupted, args, fault="term_at_step:20")
     assert code == 75, out[-3000:]
-    # Resumed from a completed save: every 3 steps, or 16 if its save finished before the kill.
-    assert _resumed_at(out) in (3, 6, 9, 12, 15, 16)
-    # 4. The same command again runs to the end.
+    # Resumed from a completed save: every 3 steps and epoch ends, 16 if its save finished before the kill.
+    assert _resumed_at(out) in (3, 6, 8, 9, 12, 15, 16)
+    # 5. The same command again runs to the end.
     code, out = _train(procs, interrupted, args)
     assert code == 0, out[-3000:]
     summary = read_json(interrupted / "summary.json")
@@ -164,15 +170,15 @@ def test_steps_per_execution_above_one_resumes_exactly(tmp_path):
 
 
 def test_a_signal_at_an_epochs_last_step_lets_the_epoch_finish_first(tmp_path, monkeypatch):
-    from tfdist import checkpoint as ckpt_mod
+    from tfdist.checkpoint import layout
 
     reference = _fit(tmp_path / "ref")
     monkeypatch.setenv("TFDIST_FAULT", "term_at_step:15")  # the last step of epoch 0
     with pytest.raises(SystemExit) as info:
         _fit(tmp_path / "int")
     assert info.value.code == 75
-    saved = ckpt_mod.latest_metadata(str(tmp_path / "int"))
-    assert saved["global_step"] == 15 and len(saved["history"]) == 1  # the epoch was recorded before stopping
+    saved = layout.latest_metadata(str(tmp_path / "int"))
+    assert saved.global_step == 15 and len(saved.history) == 1  # the epoch was recorded before stopping
     monkeypatch.delenv("TFDIST_FAULT")
     resumed = _fit(tmp_path / "int")
     assert resumed.tfdist.start_step == 15 and resumed.history == reference.history
@@ -257,7 +263,7 @@ def test_a_failing_background_write_is_raised_and_earlier_checkpoints_stay(tmp_p
     """A write that fails in the background (a full disk, say) surfaces as CheckpointError."""
     import tensorflow as tf
 
-    from tfdist import checkpoint as ckpt_mod
+    from tfdist.checkpoint import layout
     from tfdist.errors import CheckpointError
 
     _fit(tmp_path, epochs=1)
@@ -276,7 +282,7 @@ def test_a_failing_background_write_is_raised_and_earlier_checkpoints_stay(tmp_p
         _fit(tmp_path, epochs=3)
     monkeypatch.setattr(tf.train.Checkpoint, "sync", real_sync)
     for name, digest in before.items():
-        if name != "checkpoint" and not name.endswith(ckpt_mod.METADATA_SUFFIX):
+        if name != layout.STATE_FILE and not name.endswith(layout.METADATA_SUFFIX):
             assert _tree_digest(tmp_path).get(name) == digest, name
 
 
@@ -288,7 +294,8 @@ _REPLICA_METRICS = textwrap.dedent(
     import numpy as np
     import tensorflow as tf
     import tf_keras
-    from tfdist import checkpoint as ckpt_mod, keras_model
+    from tfdist import checkpoint as ckpt_mod
+    from tfdist.training import model as keras_model
 
     def build():
         m = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
@@ -314,8 +321,9 @@ _REPLICA_METRICS = textwrap.dedent(
 
     def checkpointer(directory):
         options = ckpt_mod.CheckpointOptions(directory=directory, async_save=False)
+        run = ckpt_mod.RunMetadata(global_batch_size=4, data_fingerprint="d", model_fingerprint="m", seed=0)
         return ckpt_mod.Checkpointer(options=options, model=model, generators={}, is_chief=True,
-                                     task_name="worker:0", run_metadata={"seed": 0})
+                                     task_name="worker:0", run_metadata=run)
 
     directory = tempfile.mkdtemp()
     update()
@@ -346,16 +354,82 @@ def test_each_replica_gets_its_own_metric_accumulators_back(procs):
 def test_the_checkpointer_reports_when_a_background_save_was_written(tmp_path):
     import tfdist
     from tfdist import checkpoint as ckpt_mod
-    from tfdist import keras_model
+    from tfdist.checkpoint import layout
+    from tfdist.training import model as keras_model
 
     model = keras_model.resolve(_tiny, tfdist.make_strategy("one_device"))
     keras_model.build_state(model, (_X[:4], _Y[:4]))
     checkpointer = ckpt_mod.Checkpointer(options=ckpt_mod.CheckpointOptions(directory=str(tmp_path), keep=1),
                                          model=model, generators={}, is_chief=True, task_name="worker:0",
-                                         run_metadata={"seed": 0})
+                                         run_metadata=ckpt_mod.RunMetadata(global_batch_size=20, data_fingerprint="d",
+                                                                           model_fingerprint="m", seed=0))
     for step in (1, 2):
         path = checkpointer.save(global_step=step, epoch=0, step_in_epoch=step, history=[])
         checkpointer.sync()
         assert checkpointer.last_write_seconds is not None and checkpointer.last_write_seconds > 0
-        assert ckpt_mod.checkpoint_paths(str(tmp_path)) == [path]  # written, listed, and the older one swept
+        assert layout.checkpoint_paths(str(tmp_path)) == [path]  # written, listed, and the older one swept
     checkpointer.close()
+
+
+def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_locally(tmp_path, monkeypatch, capsys):
+    """``ram://`` stands in for gs:// / s3:// / hdfs://: every read, write, listing and removal
+    must go through TensorFlow's filesystem layer, none through the local disk."""
+    import tensorflow as tf
+
+    from tfdist.checkpoint import inspect, layout
+    from tfdist.cli import main
+
+    reference = _fit(tmp_path / "reference")
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    directory = "ram://tfdist-test/run"
+    with pytest.raises(_Crash):
+        _fit(directory, callbacks=[_crash_at(9)])
+    resumed = _fit(directory)
+    assert resumed.tfdist.start_step == 9 and resumed.tfdist.global_step == 30
+    assert resumed.history == reference.history
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(directory))
+    # Retention (keep=3) and the metadata of deleted checkpoints went through the filesystem layer too.
+    listed = [info for info in inspect.list_checkpoints(directory) if info.listed]
+    assert [info.global_step for info in listed] == [24, 27, 30] and all(info.problem is None for info in listed)
+    assert sorted(n for n in tf.io.gfile.listdir(directory) if n.endswith(layout.METADATA_SUFFIX)) == [
+        f"ckpt-{s}{layout.METADATA_SUFFIX}" for s in (24, 27, 30)]
+    assert main(["ckpt", "list", directory, "--json"]) == 0
+    assert [e["global_step"] for e in json.loads(capsys.readouterr().out)] == [24, 27, 30]
+    # A corrupt latest checkpoint: the previous one is used, the corrupt one kept aside.
+    data_file = next(p for p in layout.checkpoint_files(f"{directory}/ckpt-30") if layout.is_data_file(p))
+    with tf.io.gfile.GFile(data_file, "rb") as f:
+        content = f.read()
+    tf.io.gfile.remove(data_file)  # ram:// appends to an existing file instead of truncating it
+    with tf.io.gfile.GFile(data_file, "wb") as f:
+        f.write(content[: len(content) // 2])
+    assert _fit(directory, epochs=3).tfdist.start_step == 27
+    assert any(".replaced-" in n for n in tf.io.gfile.listdir(directory))
+    # Nothing local: no folder named "ram:", no file in the working directory.
+    assert os.listdir(workdir) == []
+
+
+def test_a_scheme_tensorflow_cannot_open_is_refused_before_training(tmp_path, capsys):
+    from tfdist.cli import main
+    from tfdist.errors import StorageError
+
+    with pytest.raises(StorageError, match=r"no filesystem for the scheme s3://; received checkpoint_dir='s3://bucket/run'.*tensorflow-io"):
+        _fit("s3://bucket/run")
+    assert main(["train", "--output-dir", "s3://bucket/run", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "received --output-dir='s3://bucket/run'" in err and "Fix:" in err
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_of_two_replicas_resumes_on_one_at_the_same_step_without_warnings(procs, tmp_path):
+    out_dir = tmp_path / "run"
+    code, out = _train(procs, out_dir, [*STRATEGY_ARGS["mirrored"], "--epochs", "1"])
+    assert code == 0, out[-3000:]
+    code, out = _train(procs, out_dir, [*STRATEGY_ARGS["one_device"], "--epochs", "2"])
+    assert code == 0, out[-3000:]
+    summary = read_json(out_dir / "summary.json")
+    assert summary["start_step"] == 8 and summary["global_step"] == 16 and summary["num_replicas"] == 1
+    assert "saved by 2 replicas, this run has 1" in out
+    noisy = [line for line in out.splitlines() if "could not be found" in line or "Unresolved object" in line]
+    assert not noisy, noisy[:3]

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from tfdist import ckpt_tools
-from tfdist.checkpoint import METADATA_SUFFIX
+from tfdist.checkpoint import inspect as ckpt_tools
+from tfdist.checkpoint.layout import METADATA_SUFFIX
 from tfdist.cli import main
 
 DATA = "ckpt-8.data-00000-of-00001"
@@ -120,6 +120,19 @@ def test_list_works_with_a_relative_directory(run_dir, capsys, monkeypatch):
 
 
 # --- inspect --------------------------------------------------------------------------------
+def test_every_command_accepts_a_runs_output_directory(run_dir, tmp_path, capsys):
+    # `tfdist train --output-dir OUT` keeps its checkpoints in OUT/checkpoints.
+    output_dir = tmp_path / "out"
+    shutil.copytree(run_dir, output_dir / "checkpoints")
+    (output_dir / "tensorboard").mkdir()
+    code, entries = cli_json(capsys, "list", str(output_dir))
+    assert code == 0 and [e["global_step"] for e in entries] == [4, 6, 8]
+    code, info = cli_json(capsys, "inspect", str(output_dir))
+    assert code == 0 and info["path"] == str(output_dir / "checkpoints" / "ckpt-8")
+    code, results = cli_json(capsys, "verify", str(output_dir))
+    assert code == 0 and [r["ok"] for r in results] == [True]
+
+
 def test_inspect_json_gives_metadata_and_variables_of_the_latest(run_dir, capsys):
     code, info = cli_json(capsys, "inspect", run_dir)
     assert code == 0

@@ -5,7 +5,7 @@ import glob
 import numpy as np
 
 import tfdist
-from tfdist.evaluator import run_sidecar
+from tfdist.training.evaluator import run_sidecar
 
 
 def _tiny():

@@ -373,6 +373,31 @@ def test_ps_job_worker_out_of_lone_restarts_restarts_the_cluster_then_gives_up(t
     assert (result.exit_code, result.restarts, result.worker_restarts) == (5, 1, 2)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ps", [0, 1])
+def test_a_bad_input_exit_ends_the_launch_at_once_without_restarts(task_script, tmp_path, ps):
+    # Exit code 2 is tfdist's bad input: the same command would fail again after a restart.
+    command = task_script('record("attempt", restart)\nsys.exit(2 if role == "worker" else time.sleep(60))\n')
+    result, _, _ = _launch(command, workers=2, ps=ps, max_restarts=3)
+    assert (result.exit_code, result.restarts, result.worker_restarts) == (2, 0, 0)
+    assert (tmp_path / "attempt-worker-0.log").read_text().split() == ["0"]
+    assert "bad input" in result.reason
+
+
+@pytest.mark.timeout(120)
+def test_a_launched_script_whose_model_tfdist_refuses_exits_2_and_is_not_restarted(tmp_path, capfd):
+    script = tmp_path / "train.py"
+    script.write_text("import tfdist\ntfdist.fit('not a model', 'digits')\n")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CONFIG", "TFDIST_"))}
+    environ["PYTHONPATH"] = str(REPO)
+    result = Launcher(options=LaunchOptions(command=[sys.executable, str(script)], workers=2, max_restarts=3),
+                      environ=environ).run()
+    assert (result.exit_code, result.restarts) == (2, 0)
+    err = capfd.readouterr().err
+    assert "[worker:0] tfdist: error: the model must be a compiled tf_keras model" in err
+    assert "restart 1" not in err
+
+
 # --- the command line -------------------------------------------------------------------------
 def _cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen(

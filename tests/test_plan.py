@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -12,7 +11,7 @@ import pytest
 
 from tfdist.cli import main
 from tfdist.errors import PlanError
-from tfdist.planner import (
+from tfdist.planning.planner import (
     CHECKPOINT_OVERHEAD_BYTES,
     Plan,
     plan,
@@ -20,9 +19,8 @@ from tfdist.planner import (
     solve_grad_accum_steps,
     young_daly_interval,
 )
-from tfdist.units import parse_bytes, parse_count, parse_duration
+from tfdist.planning.units import parse_bytes, parse_count, parse_duration
 
-HAS_MODELS = importlib.util.find_spec("tfdist.models") is not None
 
 
 # --- the worked example -----------------------------------------------------------------
@@ -342,7 +340,6 @@ def test_saved_model_params_and_measured_step_time(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(not HAS_MODELS, reason="tfdist.models is not written yet")
 def test_builtin_model_params(capsys):
     # The linear model: one dense layer from the flattened input to the classes.
     assert plan(samples=100, micro_batch_size=4, model="linear").params == 8 * 8 * 10 + 10  # digits by default
@@ -356,7 +353,7 @@ def test_builtin_model_params(capsys):
 def test_measured_step_with_accumulation_is_one_accumulated_step():
     tf = pytest.importorskip("tensorflow")
     tf_keras = pytest.importorskip("tf_keras")
-    from tfdist.measure import measure_step_time
+    from tfdist.planning.measure import measure_step_time
 
     class CountCalls(tf_keras.layers.Layer):  # counts forward passes, i.e. micro batches
         def build(self, shape):

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from tfdist import preemption
+from tfdist.training import preemption
 
 
 def test_a_signal_becomes_a_request_and_the_previous_handler_comes_back():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from tfdist import env as _env
+from tfdist import errors as _errors
 from tfdist._version import __version__
 from tfdist.errors import (
     BatchSizeError,
@@ -16,9 +18,11 @@ from tfdist.errors import (
     CheckpointMismatchError,
     ClusterConfigError,
     DataError,
+    LaunchError,
     ModelError,
     PeerUnavailableError,
     PlanError,
+    StorageError,
     StrategyError,
     TfdistError,
 )
@@ -29,8 +33,8 @@ _LAZY = {
     "split_cpu": "tfdist.strategy",
     "detect_cluster": ("tfdist.cluster", "detect"),
     "ClusterSpec": "tfdist.cluster",
-    "plan": "tfdist.planner",
-    "Plan": "tfdist.planner",
+    "plan": "tfdist.planning",
+    "Plan": "tfdist.planning",
 }
 
 __all__ = [
@@ -49,16 +53,21 @@ __all__ = [
     "DataError",
     "ModelError",
     "CheckpointError",
+    "StorageError",
     "CheckpointMismatchError",
     "PeerUnavailableError",
     "PlanError",
+    "LaunchError",
 ]
+
+if _env.launched():  # a task of `tfdist launch`: a bad-input error must not be restarted in vain
+    _errors.install_launched_task_hook()
 
 if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import ClusterSpec
     from tfdist.cluster import detect as detect_cluster
     from tfdist.training import fit
-    from tfdist.planner import Plan, plan
+    from tfdist.planning import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu
 
 

@@ -4,11 +4,13 @@ Detectors are tried in a fixed order (see ``detect``):
 
 1. ``TF_CONFIG`` -- written by ``tfdist launch``, Kubeflow's TFJob, or the user. It wins
    because it is the one source a user sets on purpose.
-2. Slurm -- inside an ``srun`` step with more than one task, through TensorFlow's
-   ``SlurmClusterResolver``.
+2. Slurm -- inside an ``srun`` step with more than one task, from Slurm's variables (see
+   ``from_slurm``: TensorFlow's host-list helpers, not its ``SlurmClusterResolver``).
 3. The local machine -- a single task; the strategy then depends on its devices.
 
-Nothing here imports TensorFlow except the Slurm detector.
+Nothing here imports TensorFlow except the Slurm detector (for its host-list helpers).
+``check_address`` is the one check of a ``host:port`` address (also used by ``tfdist cluster``
+and ``tfdist launch``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import re
 from typing import Any, Mapping
 
-from tfdist import env
+from tfdist import _checks, env
 from tfdist.errors import ClusterConfigError
 
 CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"
@@ -115,6 +117,17 @@ class ClusterSpec:
         return f"{', '.join(parts)} from {self.source}; this task is {self.task_name}"
 
 
+def check_address(address: Any, *, where: str, field: str) -> tuple[str, int]:
+    """(host, port) of a ``host:port`` address; raises ClusterConfigError naming ``field`` otherwise."""
+    match = ADDRESS.match(address) if isinstance(address, str) else None
+    if match is None:
+        raise config_error(where, field, address, "write it as host:port, e.g. 'host1:2222'.")
+    port = int(match.group("port"))
+    if not 0 < port < 65536:
+        raise config_error(where, f"port in {field}", address, "use a port between 1 and 65535.")
+    return match.group("host").strip("[]"), port
+
+
 def config_error(where: str, field: str, received: Any, fix: str) -> ClusterConfigError:
     """The one-line error for an invalid cluster field: where, which field, the value, the fix."""
     return ClusterConfigError(f"{where}: invalid {field}; received {received!r}. Fix: {fix}")
@@ -134,11 +147,7 @@ def _validate(jobs: dict[str, tuple[str, ...]], task_type, task_index, *, where:
         if not addresses:
             raise config_error(where, f"cluster.{role}", [], f"list at least one address for '{role}' or remove it.")
         for i, address in enumerate(addresses):
-            if not isinstance(address, str) or not ADDRESS.match(address):
-                raise config_error(where, f"address cluster.{role}[{i}]", address, "write it as host:port, e.g. 'host1:2222'.")
-            port = int(ADDRESS.match(address).group("port"))
-            if not 0 < port < 65536:
-                raise config_error(where, f"port of cluster.{role}[{i}]", address, "use a port between 1 and 65535.")
+            check_address(address, where=where, field=f"address cluster.{role}[{i}]")
             if address in seen:
                 raise config_error(
                     where, f"address cluster.{role}[{i}]", address,
@@ -163,7 +172,7 @@ def _validate(jobs: dict[str, tuple[str, ...]], task_type, task_index, *, where:
         raise config_error(
             where, "task.type", task_type, f"the cluster has no '{task_type}' job; it has {', '.join(sorted(jobs))}."
         )
-    if not isinstance(task_index, int) or isinstance(task_index, bool):
+    if not _checks.is_int(task_index):
         raise config_error(where, "task.index", task_index, "give the task's index as an integer, e.g. 0.")
     if not 0 <= task_index < len(jobs[task_type]):
         raise config_error(

@@ -38,8 +38,14 @@ TFDIST_RESTART = "TFDIST_RESTART"
 TFDIST_VERBOSE_WORKERS = "TFDIST_VERBOSE_WORKERS"
 """Set to 1 to let non-chief workers print progress and logs too."""
 
+TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+"""TensorFlow's C++ log level. If the user set it, tfdist leaves TensorFlow's logging as asked;
+otherwise the CLI sets it to ``QUIET_TF_CPP_MIN_LOG_LEVEL`` and hides the start-up lines
+(``tfdist --verbose`` shows everything)."""
+QUIET_TF_CPP_MIN_LOG_LEVEL = "2"
+
 TFDIST_FAULT = "TFDIST_FAULT"
-"""Fault injection for tests and drills, e.g. ``worker:1/kill_at_step:13`` (see tfdist.faults)."""
+"""Fault injection for tests and drills, e.g. ``worker:1/kill_at_step:13`` (see tfdist.training.faults)."""
 
 DEFAULT_SLURM_PORT_BASE = 8888
 DEFAULT_STARTUP_TIMEOUT = 60.0
@@ -78,6 +84,11 @@ def get_float(name: str, default: float, environ: Mapping[str, str] | None = Non
             f"{name} must be positive; received {name}={raw!r}. Fix: set it to a positive number."
         )
     return value
+
+
+def launched(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a task started by ``tfdist launch`` (it sets TFDIST_RESTART in every task)."""
+    return get(TFDIST_RESTART, environ) is not None
 
 
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:

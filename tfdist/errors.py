@@ -1,10 +1,22 @@
-"""Exceptions raised by tfdist; each message names the input, the value received and the fix."""
+"""Exceptions raised by tfdist; each message names the input, the value received and the fix.
+
+Each class carries the exit code the command line (and a task launched by ``tfdist launch``)
+ends with: ``EXIT_USAGE`` (2) for bad input -- running the same command again fails the
+same way, so the launcher does not restart it -- unless the class says otherwise.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+
+from tfdist.env import EXIT_FAILED, EXIT_PEER_LOST, EXIT_USAGE
 
 
 class TfdistError(Exception):
     """Base class of every error tfdist raises on purpose."""
+
+    exit_code = EXIT_USAGE
 
 
 class ClusterConfigError(TfdistError, ValueError):
@@ -31,12 +43,26 @@ class CheckpointError(TfdistError, RuntimeError):
     """A checkpoint could not be written, read or verified."""
 
 
+class CheckpointIOError(CheckpointError):
+    """Writing or reading checkpoints failed (a full disk, a storage outage, corrupt files);
+    the earlier checkpoints are intact. A restart may succeed."""
+
+    exit_code = EXIT_FAILED
+
+
+class StorageError(CheckpointError):
+    """A checkpoint or output location cannot be used: no TensorFlow filesystem for its
+    scheme, not writable, not reachable."""
+
+
 class CheckpointMismatchError(TfdistError, ValueError):
     """The checkpoint in the directory was written by a different run."""
 
 
 class PeerUnavailableError(TfdistError, RuntimeError):
     """Another task of the cluster died or never came up."""
+
+    exit_code = EXIT_PEER_LOST
 
 
 class PlanError(TfdistError, ValueError):
@@ -45,3 +71,26 @@ class PlanError(TfdistError, ValueError):
 
 class LaunchError(TfdistError, RuntimeError):
     """A local cluster could not be launched."""
+
+
+def describe(error: BaseException, limit: int = 200) -> str:
+    """``Type: first line of the message`` of an exception, for a one-line error (never empty)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__
+
+
+def install_launched_task_hook() -> None:
+    """In a task started by ``tfdist launch``: a tfdist bad-input error that ends the program
+    (e.g. a refused model in the user's script) ends it with ``EXIT_USAGE`` instead of Python's 1,
+    after the usual traceback, so that the launcher stops instead of restarting in vain."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        if isinstance(value, TfdistError) and value.exit_code == EXIT_USAGE:
+            sys.stderr.write(f"tfdist: error: {value}\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_USAGE)
+
+    sys.excepthook = hook

@@ -12,7 +12,9 @@ SIGINT/SIGTERM, and applies the failure policy:
 * the evaluator is a sidecar: stopped when training ends, never a reason to restart.
 
 Exit code ``EXIT_PREEMPTED`` (75) is a failure like any other: it restarts the cluster and
-counts towards ``max_restarts``. Nothing here imports TensorFlow.
+counts towards ``max_restarts``. Exit code ``EXIT_USAGE`` (2: bad input, e.g. a refused model
+or an invalid option) ends the launch at once with that code: the same command would fail
+the same way after a restart. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import threading
 import time
 from typing import IO, Callable, Mapping, Sequence
 
-from tfdist import env
+from tfdist import _checks, env
 from tfdist.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterSpec
 from tfdist.errors import ClusterConfigError, LaunchError
 
@@ -50,12 +52,12 @@ _PORT_TRIES = 1000
 
 
 def _fix_int(flag: str, value, *, minimum: int, fix: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not _checks.is_int(value) or value < minimum:
         raise LaunchError(f"{flag} must be an integer >= {minimum}; received {flag} {value!r}. Fix: {fix}")
 
 
 def _fix_seconds(flag: str, value, *, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not _checks.is_number(value) or not value > 0:
         raise LaunchError(f"{flag} must be a positive number of seconds; received {flag} {value!r}. Fix: {fix}")
 
 
@@ -208,9 +210,18 @@ class _Task:
 
 @dataclasses.dataclass(frozen=True)
 class _Outcome:
-    kind: str  # "success", "failure" or "stopped"
+    kind: str  # "success", "failure", "bad-input" (not worth a restart) or "stopped"
     exit_code: int
     reason: str
+
+
+def _failure(task: _Task, note: str = "") -> _Outcome:
+    """The outcome of ``task``'s failed exit: bad input ends the launch, anything else may restart."""
+    if task.returncode == env.EXIT_USAGE:
+        return _Outcome("bad-input", env.EXIT_USAGE,
+                        f"{task.name} {_describe_exit(task.returncode)}: bad input, which a restart cannot fix")
+    return _Outcome("failure", exit_code_of(task.returncode) or env.EXIT_FAILED,
+                    f"{task.name} {_describe_exit(task.returncode)}{note}")
 
 
 class Launcher:
@@ -292,6 +303,9 @@ class Launcher:
                 return self._stopped_outcome()
             if outcome.kind == "success":
                 return outcome
+            if outcome.kind == "bad-input":
+                log.error("%s; not restarting", outcome.reason)
+                return outcome
             if self._restarts >= self.options.max_restarts:
                 log.error(
                     "%s; no restart left (--max-restarts %d), giving up",
@@ -331,11 +345,7 @@ class Launcher:
                 elif task.returncode != 0:
                     failures.append(task)
             if failures:
-                cause = result_task if result_task in failures else failures[0]
-                return _Outcome(
-                    "failure", exit_code_of(cause.returncode) or env.EXIT_FAILED,
-                    f"{cause.name} {_describe_exit(cause.returncode)}",
-                )
+                return _failure(result_task if result_task in failures else failures[0])
             if all(t.returncode == 0 for t in training):
                 return _Outcome("success", env.EXIT_OK, "every training task exited with code 0")
             if result_task.returncode == 0:
@@ -361,24 +371,15 @@ class Launcher:
                 if task.role == CHIEF:
                     if task.returncode == 0:
                         return _Outcome("success", env.EXIT_OK, "chief:0 exited with code 0")
-                    return _Outcome(
-                        "failure", exit_code_of(task.returncode), f"chief:0 {_describe_exit(task.returncode)}"
-                    )
+                    return _failure(task)
             for task in exited:
                 if task.role == PS:
-                    return _Outcome(
-                        "failure", exit_code_of(task.returncode) or env.EXIT_FAILED,
-                        f"{task.name} {_describe_exit(task.returncode)} (a ps must serve until the chief ends)",
-                    )
+                    return _failure(task, " (a ps must serve until the chief ends)")
                 if task.role == EVALUATOR:
                     self._evaluator_exited(task)
                 elif task.role == WORKER:
-                    if task.lone_restarts >= max_restarts:
-                        return _Outcome(
-                            "failure", exit_code_of(task.returncode) or env.EXIT_FAILED,
-                            f"{task.name} {_describe_exit(task.returncode)} and used its "
-                            f"{max_restarts} lone restart(s)",
-                        )
+                    if task.returncode == env.EXIT_USAGE or task.lone_restarts >= max_restarts:
+                        return _failure(task, f" and used its {max_restarts} lone restart(s)")
                     task.lone_restarts += 1
                     self._worker_restarts += 1
                     log.warning(

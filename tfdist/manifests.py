@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import yaml
 
 from tfdist import env
-from tfdist.cluster import ADDRESS, CHIEF, EVALUATOR, PS, ROLES, WORKER, ClusterSpec, config_error
+from tfdist.cluster import ADDRESS, CHIEF, EVALUATOR, PS, ROLES, WORKER, ClusterSpec, check_address, config_error
 
 FORMATS = ("env", "json", "compose", "k8s", "tfjob")
 DEFAULT_IMAGE = "tfdist:latest"
@@ -125,11 +125,7 @@ class JobDescription:
             flag = _FLAGS[role]
             if role in (CHIEF, EVALUATOR) and isinstance(address, str) and "," in address:
                 raise config_error(_WHERE, flag, address, f"give one host:port; a job has a single {role}.")
-            match = ADDRESS.match(address) if isinstance(address, str) else None
-            if match is None:
-                raise config_error(_WHERE, f"address in {flag}", address, "write it as host:port, e.g. host1:2222.")
-            if not 0 < int(match.group("port")) < 65536:
-                raise config_error(_WHERE, f"port in {flag}", address, "use a port between 1 and 65535.")
+            check_address(address, where=_WHERE, field=f"address in {flag}")
             if address in seen:
                 raise config_error(
                     _WHERE, f"address in {flag}", address,

@@ -8,6 +8,10 @@ The ``auto`` rule (``choose``) decides from the detected cluster, in this order:
 4. otherwise                           -> ``one_device`` (the GPU if there is one, else the CPU)
 
 ``central_storage`` is only chosen by name. Every choice is logged once with its reason.
+
+``traits`` answers what a strategy means for the training loop (is it synchronous, does a
+coordinator schedule the steps, how many processes run them), and ``trains_here`` whether
+this task trains or serves, so that callers never branch on strategy names.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tfdist import env
-from tfdist.cluster import CHIEF, PS, WORKER, ClusterSpec, detect
+from tfdist.cluster import CHIEF, PS, WORKER, ClusterSpec, check_address, detect
 from tfdist.errors import ClusterConfigError, StrategyError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -257,7 +261,7 @@ def _parameter_server(cluster: ClusterSpec, options: StrategyOptions):
     if not cluster.is_chief:
         raise StrategyError(
             f"parameter_server strategy is created on the chief only; this task is {cluster.task_name}. "
-            "Fix: call tfdist.serve() (tfdist.fit does it for you) on worker and ps tasks."
+            "Fix: run the same tfdist.fit call (or `tfdist train`) on every task: on ps and worker tasks it serves."
         )
     wait_for_peers(cluster, options.startup_timeout)
     with startup_watchdog(cluster, options.startup_timeout):
@@ -339,6 +343,48 @@ def make_strategy(
     return strategy
 
 
+@dataclasses.dataclass(frozen=True)
+class Traits:
+    """What a strategy means for the training loop.
+
+    Attributes:
+      name: the registry name.
+      synchronous: every step is one step of all replicas together (all but parameter_server).
+      coordinated: the chief schedules steps on worker tasks through a ClusterCoordinator
+        (parameter_server); it coordinates and saves, the workers compute.
+      step_tasks: processes that run training steps (the worker tasks under parameter_server).
+      multi_process: several processes run each step together, so decisions that can differ
+        between them (a signal, a clock) must be agreed before acting.
+    """
+
+    name: str
+    synchronous: bool
+    coordinated: bool
+    step_tasks: int
+    multi_process: bool
+
+
+def traits(strategy: "tf.distribute.Strategy", cluster: ClusterSpec) -> Traits:
+    """The ``Traits`` of ``strategy`` in ``cluster``."""
+    name = name_of(strategy)
+    coordinated = name == PARAMETER_SERVER
+    step_tasks = len(cluster.jobs.get(WORKER, ())) if coordinated else max(cluster.num_workers, 1)
+    return Traits(
+        name=name,
+        synchronous=not coordinated,
+        coordinated=coordinated,
+        step_tasks=step_tasks,
+        multi_process=name == MULTI_WORKER_MIRRORED and cluster.num_workers > 1,
+    )
+
+
+def trains_here(strategy: "str | tf.distribute.Strategy", cluster: ClusterSpec) -> bool:
+    """False on the ps and worker tasks of a parameter-server cluster: they serve (``serve``)
+    while the chief trains. True everywhere else."""
+    name = resolve_name(strategy, cluster).name if isinstance(strategy, str) else name_of(strategy)
+    return not (name == PARAMETER_SERVER and not cluster.is_chief)
+
+
 def name_of(strategy: "tf.distribute.Strategy") -> str:
     """The registry name of a strategy, also for one the user created."""
     import tensorflow as tf
@@ -382,8 +428,7 @@ def serve(cluster: ClusterSpec) -> None:
 
 
 def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
+    return check_address(address, where="cluster", field="address")
 
 
 def _listening(address: str, timeout: float = 1.0) -> bool:

@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Distributed Keras training on TensorFlow that never loses work.",
     )
     parser.add_argument("--version", action="version", version=f"tfdist {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", dest="show_tensorflow_logs",
+        help="show TensorFlow's own start-up and C++ log lines (hidden by default unless TF_CPP_MIN_LOG_LEVEL is set)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for module_name in COMMANDS.values():
@@ -47,12 +51,13 @@ def setup_logging(verbose: bool = True) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tfdist.env import EXIT_PEER_LOST, EXIT_USAGE
+    from tfdist.cli import _quiet
     from tfdist.errors import PeerUnavailableError, TfdistError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging()
+    _quiet.set_verbose(args.show_tensorflow_logs)
     try:
         return int(args.func(args) or 0)
     except PeerUnavailableError as e:
@@ -61,10 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # TensorFlow's shutdown can block on the lost peer; leave without it.
         import os
 
-        os._exit(EXIT_PEER_LOST)
-    except TfdistError as e:
+        os._exit(e.exit_code)
+    except TfdistError as e:  # one line, no traceback; 2 for bad input (see tfdist.errors)
         sys.stderr.write(f"tfdist: error: {e}\n")
-        return EXIT_USAGE
+        return e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("tfdist: interrupted\n")
         return 130

@@ -10,6 +10,8 @@ import json
 import os
 import time
 
+from tfdist.cli import _quiet
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -76,9 +78,12 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from tfdist.ckpt_tools import list_checkpoints
-    from tfdist.units import format_bytes
+    from tfdist import storage
+    from tfdist.checkpoint.inspect import list_checkpoints
+    from tfdist.planning.units import format_bytes
 
+    if storage.is_url(args.directory):  # a local directory is listed without TensorFlow
+        _quiet.import_tensorflow()
     entries = list_checkpoints(args.directory)
     if args.json:
         print(json.dumps([e.to_json() for e in entries], indent=2))
@@ -86,14 +91,14 @@ def run_list(args: argparse.Namespace) -> int:
     listed = [e for e in entries if e.listed]
     others = [e for e in entries if not e.listed]
     if listed:
-        print(f"{len(listed)} checkpoint(s) in {args.directory}, oldest first:")
+        print(f"{len(listed)} checkpoint(s) in {storage.dirname(listed[0].path)}, oldest first:")
         rows = [["step", "epoch", "in epoch", "saved", "size", "run complete", "checkpoint"]]
         for e in listed:
             note = "  (latest)" if e is listed[-1] else ""
             note += f"  problem: {e.problem}" if e.problem else ""
             rows.append([
                 _text(e.global_step), _text(e.epoch), _text(e.step_in_epoch), _when(e.saved_at),
-                format_bytes(e.size_bytes), _text(e.complete), os.path.basename(e.path) + note,
+                format_bytes(e.size_bytes), _text(e.complete), storage.basename(e.path) + note,
             ])
         print("\n".join("  " + line for line in _table(rows, right={0, 1, 2, 4})))
     else:
@@ -101,18 +106,20 @@ def run_list(args: argparse.Namespace) -> int:
     if others:
         print(f"incomplete (not named in the state file `checkpoint`): {len(others)}")
         for e in others:
-            print(f"  {os.path.basename(e.path)}  {format_bytes(e.size_bytes)}  {_when(e.saved_at)}  {e.problem}")
+            print(f"  {storage.basename(e.path)}  {format_bytes(e.size_bytes)}  {_when(e.saved_at)}  {e.problem}")
     return 0
 
 
 def _metadata_lines(metadata: dict) -> list[str]:
+    from tfdist.checkpoint import layout
+
     width = max(len(k) for k in metadata)
     lines = []
     for key in sorted(metadata):
         value = metadata[key]
-        if key == "saved_at" and isinstance(value, (int, float)):
+        if key == layout.SAVED_AT and isinstance(value, (int, float)):
             text = f"{_when(value)} ({value})"
-        elif key == "history" and isinstance(value, list):
+        elif key == layout.HISTORY and isinstance(value, list):
             text = f"{len(value)} epoch(s)"
             if value and isinstance(value[-1], dict):
                 last = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in value[-1].items())
@@ -124,8 +131,11 @@ def _metadata_lines(metadata: dict) -> list[str]:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from tfdist.ckpt_tools import inspect_checkpoint
-    from tfdist.units import format_bytes
+    from tfdist import storage
+
+    _quiet.import_tensorflow()
+    from tfdist.checkpoint.inspect import inspect_checkpoint
+    from tfdist.planning.units import format_bytes
 
     info = inspect_checkpoint(args.path)
     if args.json:
@@ -134,10 +144,10 @@ def run_inspect(args: argparse.Namespace) -> int:
     print(f"checkpoint {info['path']}  ({format_bytes(info['size_bytes'])} in {len(info['files'])} file(s))")
     metadata = info["metadata"]
     if metadata:
-        print(f"metadata ({os.path.basename(info['metadata_path'])}):")
+        print(f"metadata ({storage.basename(info['metadata_path'])}):")
         print("\n".join(_metadata_lines(metadata)))
     else:
-        print(f"metadata: none ({os.path.basename(info['metadata_path'])} is missing or unreadable)")
+        print(f"metadata: none ({storage.basename(info['metadata_path'])} is missing or unreadable)")
     summary = info["summary"]
     print(f"variables: {summary['count']}, {summary['parameters']:,} parameters, {format_bytes(summary['bytes'])}")
     for group, counts in sorted(summary["groups"].items()):
@@ -151,9 +161,10 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from tfdist.ckpt_tools import verify
+    _quiet.import_tensorflow()
+    from tfdist.checkpoint.inspect import verify
     from tfdist.env import EXIT_FAILED, EXIT_OK
-    from tfdist.units import format_bytes
+    from tfdist.planning.units import format_bytes
 
     results, leftovers = verify(args.path, every=args.every)
     if args.json:

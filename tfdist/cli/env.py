@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from tfdist.cli import _quiet
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -24,7 +26,7 @@ def collect() -> dict:
     from tfdist._version import __version__
 
     spec = cluster_mod.detect()  # validate before importing TensorFlow
-    import tensorflow as tf
+    tf = _quiet.import_tensorflow()
     import tf_keras
 
     gpus = strategy_mod.local_gpus()

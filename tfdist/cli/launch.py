@@ -12,6 +12,9 @@ failure policy:
     alone on its port; a dead ps or chief restarts the whole cluster.
   the evaluator is a sidecar: stopped when training ends, never restarted alone.
   exit code 75 (preempted) restarts like any failure and counts towards --max-restarts.
+  exit code 2 (bad input: a refused model, bad data, an invalid option) ends the launch
+    at once with code 2: a restart would fail the same way. A Python script that dies of a
+    tfdist bad-input error exits with 2 too when launched.
 
 security: tasks listen on --host (127.0.0.1 by default). TensorFlow's gRPC has no
 authentication: run a cluster on other addresses only inside a trusted network.

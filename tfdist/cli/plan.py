@@ -10,9 +10,10 @@ import argparse
 import json
 import math
 
+from tfdist.cli import _quiet
 from tfdist.errors import PlanError
-from tfdist.planner import DEFAULT_MAX_GPUS, Plan, plan
-from tfdist.units import format_bytes, format_seconds, parse_count
+from tfdist.planning.planner import DEFAULT_MAX_GPUS, Plan, plan
+from tfdist.planning.units import format_bytes, format_seconds, parse_count
 
 _TIME_HINT = (
     "unknown: pass --step-time SECONDS (one replica's train step on one micro batch), "
@@ -279,6 +280,8 @@ def plot(p: Plan, path: str, *, max_gpus: int | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.measure or args.model:
+        _quiet.import_tensorflow()
     p = _make_plan(args)
     if args.plot:
         plot(p, args.plot, max_gpus=_count(args, "max_gpus"))

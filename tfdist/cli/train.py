@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+
+from tfdist.cli import _quiet
 
 DEFAULT_OUTPUT_DIR = "runs/tfdist"
 
@@ -97,7 +98,12 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist import cluster as cluster_mod
 
     cluster = cluster_mod.detect()  # an invalid TF_CONFIG fails here, before TensorFlow starts
-    checkpoint_dir = args.checkpoint_dir or os.path.join(args.output_dir, "checkpoints")
+    tf = _quiet.import_tensorflow()
+    from tfdist import storage
+
+    storage.check_supported(args.output_dir, what="--output-dir")
+    checkpoint_dir = args.checkpoint_dir or storage.join(args.output_dir, "checkpoints")
+    storage.check_supported(checkpoint_dir, what="--checkpoint-dir")
     if args.no_resume:
         from tfdist.checkpoint import refuse_to_start_over
 
@@ -107,7 +113,6 @@ def run_command(args: argparse.Namespace) -> int:
         from tfdist.strategy import split_cpu
 
         devices = split_cpu(args.cpu_devices)
-    import tensorflow as tf
     import tf_keras
 
     from tfdist import data as data_mod
@@ -119,13 +124,13 @@ def run_command(args: argparse.Namespace) -> int:
     builder = models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
                              learning_rate=args.learning_rate)
     if cluster.task_type == cluster_mod.EVALUATOR:
-        from tfdist.evaluator import run_sidecar
+        from tfdist.training.evaluator import run_sidecar
 
         run_sidecar(builder, validation or train, checkpoint_dir=checkpoint_dir,
-                    log_dir=os.path.join(args.output_dir, "tensorboard", "eval"))
+                    log_dir=storage.join(args.output_dir, "tensorboard", "eval"))
         return 0
 
-    log_dir = os.path.join(args.output_dir, "tensorboard")
+    log_dir = storage.join(args.output_dir, "tensorboard")
     if not cluster.is_chief:  # tf.distribute workers log too; keep only the chief's
         import atexit
         import shutil
@@ -170,7 +175,7 @@ def run_command(args: argparse.Namespace) -> int:
         if args.summary_json:
             record = summary.as_dict()
             record["tensorflow"] = tf.__version__
-            os.makedirs(os.path.dirname(os.path.abspath(args.summary_json)), exist_ok=True)
-            with open(args.summary_json, "w") as f:
-                json.dump(record, f, indent=2)
+            parent = storage.dirname(storage.absolute(args.summary_json))
+            storage.makedirs(parent)
+            storage.write_atomic(args.summary_json, json.dumps(record, indent=2))
     return 0

@@ -122,3 +122,33 @@ class Agreement:
         self._next_step = step + max(1, interval)
         self._last = (step, now)
         return [total > 0 for total in totals]
+
+
+class Preemption:
+    """Answers a preemption request at a step boundary, in the way of Orbit's
+    ``save_checkpoint_if_preempted``: decide (together, under multi-worker), then the caller
+    saves, then ``stop`` raises ``Preempted``.
+
+    ``agreement`` is given when several processes run the steps: a save is then a
+    collective, so flags that can differ between workers (a signal, a clock) are acted on
+    only at agreed steps, by every worker together.
+    """
+
+    def __init__(self, *, watcher: PreemptionWatcher, agreement: Agreement | None = None):
+        self.watcher = watcher
+        self.agreement = agreement
+
+    def check(self, step: int, *, timed: bool) -> tuple[bool, bool]:
+        """(preempt, timed): whether to stop for preemption and whether a timed save is due,
+        as every worker sees it at ``step``."""
+        preempt = self.watcher.requested
+        if self.agreement is None:
+            return preempt, timed
+        if not self.agreement.due(step):
+            return False, False
+        preempt, timed = self.agreement.agree(step, [preempt, timed])
+        return preempt, timed
+
+    def stop(self, step: int) -> None:
+        """Raises Preempted (call it after the state of ``step`` is saved)."""
+        raise Preempted(step, self.watcher.signal_name or "another worker's signal")

@@ -10,26 +10,13 @@ the data shard it is in: a truncated shard, a missing shard, the shard of an unr
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
-import re
 import struct
 from typing import Any
 
-from tfdist.checkpoint import METADATA_SUFFIX, checkpoint_files, checkpoint_paths, read_metadata
-from tfdist.errors import CheckpointError
-
-STATE_FILE = "checkpoint"
-_DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
-# ckpt-12.index, ckpt-12.data-00000-of-00001, ckpt-12.tfdist.json, ckpt-12_temp/, each maybe with a
-# ``.replaced-<stamp>`` (moved aside by Checkpointer) or ``.tmp-<pid>`` (a metadata write) tail.
-_FILE_RE = re.compile(
-    r"^(?P<stem>.+?-(?P<step>\d+))(?P<kind>\.index|\.data-\d{5}-of-\d{5}|\.tfdist\.json|_temp)(?P<tail>.*)$"
-)
-_REPLACED_RE = re.compile(r"\.replaced-(\S+)$")
-_STEP_RE = re.compile(r"-(\d+)$")
-_SERIALIZED_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
-_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+from tfdist import storage
+from tfdist.checkpoint import layout
+from tfdist.errors import CheckpointError, describe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +46,7 @@ class CheckpointInfo:
     files: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "global_step": self.global_step,
-            "epoch": self.epoch,
-            "step_in_epoch": self.step_in_epoch,
-            "saved_at": self.saved_at,
-            "size_bytes": self.size_bytes,
-            "complete": self.complete,
-            "listed": self.listed,
-            "problem": self.problem,
-        }
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "files"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +64,27 @@ class Verification:
 
 
 # --- finding checkpoints -------------------------------------------------------------------
+def checkpoint_dir(path: str) -> str:
+    """The checkpoint directory ``path`` names: itself, or the ``checkpoints`` folder inside a
+    run's output directory (``tfdist train --output-dir``) when it has no state file of its own."""
+    path = storage.absolute(path)
+    inner = storage.join(path, "checkpoints")
+    if storage.isdir(inner) and not storage.exists(layout.state_path(path)) and not _leftovers_exist(path):
+        return inner
+    return path
+
+
+def _leftovers_exist(directory: str) -> bool:
+    return storage.isdir(directory) and any(layout.parse_file_name(n) for n in storage.listdir(directory))
+
+
 def _check_directory(directory: str) -> None:
-    if not os.path.exists(directory):
+    if not storage.exists(directory):
         raise CheckpointError(
             f"the checkpoint directory does not exist; received {directory!r}. "
-            "Fix: pass the checkpoint_dir of a run (the folder holding the `checkpoint` state file)."
+            "Fix: pass the checkpoint_dir of a run (the folder holding the `checkpoint` state file) or its output directory."
         )
-    if not os.path.isdir(directory):
+    if not storage.isdir(directory):
         raise CheckpointError(
             f"the checkpoint directory is not a directory; received {directory!r}. "
             "Fix: pass the folder holding the `checkpoint` state file, or a checkpoint prefix such as DIR/ckpt-8."
@@ -102,15 +93,13 @@ def _check_directory(directory: str) -> None:
 
 def _listed_paths(directory: str) -> list[str]:
     """The checkpoints the state file names, oldest first; [] without a state file."""
-    state = os.path.join(directory, STATE_FILE)
-    if not os.path.exists(state):
+    state = layout.state_path(directory)
+    if not storage.exists(state):
         return []
     try:
-        # An absolute directory: TensorFlow already joins relative entries with the directory it is
-        # given, and checkpoint_paths joins them again, which doubles a relative directory.
-        paths = [os.path.normpath(p) for p in checkpoint_paths(os.path.abspath(directory))]
-    except Exception as e:  # get_checkpoint_state raises ValueError on an inconsistent state
-        paths, reason = [], f"{type(e).__name__}: {_first_line(e)}"
+        paths = [_normalized(p) for p in layout.checkpoint_paths(directory)]
+    except Exception as e:  # noqa: BLE001 -- a damaged state file: name it below
+        paths, reason = [], describe(e)
     else:
         reason = "it names no checkpoint"
     if not paths:
@@ -121,79 +110,51 @@ def _listed_paths(directory: str) -> list[str]:
     return paths
 
 
+def _normalized(path: str) -> str:
+    return path if storage.is_url(path) else os.path.normpath(path)
+
+
 def _no_checkpoint_error(directory: str, leftovers: list[CheckpointInfo]) -> CheckpointError:
-    found = f"; only incomplete files: {', '.join(os.path.basename(c.path) for c in leftovers)}" if leftovers else ""
+    found = f"; only incomplete files: {', '.join(storage.basename(c.path) for c in leftovers)}" if leftovers else ""
     return CheckpointError(
         f"no complete checkpoint in {directory!r} (no `checkpoint` state file naming one{found}). "
         "Fix: pass the checkpoint_dir a run saved to (tfdist train --checkpoint-dir), or wait for its first save."
     )
 
 
-def _step_of(prefix: str) -> int | None:
-    match = _STEP_RE.search(os.path.basename(prefix))
-    return int(match.group(1)) if match else None
-
-
-def _size(path: str) -> int:
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
 def _mtime(paths) -> float | None:
-    times = [os.path.getmtime(p) for p in paths if os.path.exists(p)]
+    times = [t for t in (storage.mtime(p) for p in paths) if t is not None]
     return max(times) if times else None
-
-
-def _int_or_none(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _missing_files(prefix: str) -> str | None:
     """A one-line description of the files a checkpoint lacks (judged by the file names only)."""
-    name = os.path.basename(prefix)
-    if not os.path.exists(prefix + ".index"):
+    name = storage.basename(prefix)
+    if not storage.exists(layout.index_path(prefix)):
         return f"missing index file {name}.index"
-    shards = _shard_names(prefix)
+    shards = layout.data_shard_names(prefix)
     if not shards:
         return f"missing data files ({name}.data-*)"
-    missing = [s for s in shards if not os.path.exists(s)]
+    missing = [s for s in shards if not storage.exists(s)]
     if missing:
-        return "missing data shard " + ", ".join(os.path.basename(s) for s in missing)
-    if not os.path.exists(prefix + METADATA_SUFFIX):
-        return f"missing metadata file {name}{METADATA_SUFFIX}"
+        return "missing data shard " + ", ".join(storage.basename(s) for s in missing)
+    if not storage.exists(layout.metadata_path(prefix)):
+        return f"missing metadata file {storage.basename(layout.metadata_path(prefix))}"
     return None
 
 
-def _shard_names(prefix: str, num_shards: int | None = None) -> list[str]:
-    """The data files a checkpoint should have: ``num_shards`` of them, else as many as the names say."""
-    if num_shards is None:
-        counts = {int(_DATA_RE.search(f).group(2)) for f in glob.glob(glob.escape(prefix) + ".data-*")
-                  if _DATA_RE.search(f)}
-        if not counts:
-            return []
-        num_shards = max(counts)
-    return [f"{prefix}.data-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
-
-
 def _info(prefix: str, *, listed: bool, problem: str | None = None, files=None) -> CheckpointInfo:
-    metadata = read_metadata(prefix) or {}
-    files = tuple(files if files is not None else checkpoint_files(prefix))
-    saved_at = metadata.get("saved_at")
-    if not isinstance(saved_at, (int, float)) or isinstance(saved_at, bool):
-        saved_at = _mtime(files)
-    complete = metadata.get("complete")
+    metadata = layout.read_metadata(prefix) or layout.Metadata({})
+    files = tuple(files if files is not None else layout.checkpoint_files(prefix))
+    step = metadata.global_step if metadata.global_step is not None else layout.step_of(prefix)
     return CheckpointInfo(
         path=prefix,
-        global_step=_int_or_none(metadata.get("global_step", _step_of(prefix))),
-        epoch=_int_or_none(metadata.get("epoch")),
-        step_in_epoch=_int_or_none(metadata.get("step_in_epoch")),
-        saved_at=saved_at,
-        size_bytes=sum(_size(f) for f in files),
-        complete=complete if isinstance(complete, bool) else None,
+        global_step=step,
+        epoch=metadata.epoch,
+        step_in_epoch=metadata.step_in_epoch,
+        saved_at=metadata.saved_at if metadata.saved_at is not None else _mtime(files),
+        size_bytes=sum(storage.size(f) for f in files),
+        complete=metadata.complete,
         listed=listed,
         problem=problem if problem is not None or not listed else _missing_files(prefix),
         files=files,
@@ -202,32 +163,29 @@ def _info(prefix: str, *, listed: bool, problem: str | None = None, files=None) 
 
 def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
     """Checkpoint-like files in ``directory`` that no listed checkpoint owns, grouped by checkpoint."""
-    listed_names = {os.path.basename(p) for p in listed}
+    listed_names = {storage.basename(p) for p in listed}
     groups: dict[tuple[str, str], list[str]] = {}
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name)
-        if name.startswith(STATE_FILE + ".tmp"):
+    for name in storage.listdir(directory):
+        parsed = layout.parse_file_name(name)
+        if parsed is None:
+            continue
+        path = storage.join(directory, name)
+        if parsed.kind == "state-temp":
             groups.setdefault((name, "state"), []).append(path)
-            continue
-        match = _FILE_RE.match(name)
-        if match is None:
-            continue
-        stem, kind, tail = match.group("stem"), match.group("kind"), match.group("tail")
-        replaced = _REPLACED_RE.search(tail)
-        if replaced:
-            groups.setdefault((stem, "replaced-" + replaced.group(1)), []).append(path)
-        elif stem not in listed_names and (not tail or kind == "_temp" or ".tmp" in tail):
-            groups.setdefault((stem, "unlisted"), []).append(path)
-        elif kind == "_temp" or ".tmp" in tail:  # a listed checkpoint's leftover temporary files
-            groups.setdefault((stem, "temp"), []).append(path)
+        elif parsed.replaced:
+            groups.setdefault((parsed.stem, "replaced-" + parsed.replaced), []).append(path)
+        elif parsed.stem not in listed_names:
+            groups.setdefault((parsed.stem, "unlisted"), []).append(path)
+        elif parsed.in_flight:  # a listed checkpoint's leftover temporary files
+            groups.setdefault((parsed.stem, "temp"), []).append(path)
     leftovers = []
     for (stem, kind), files in groups.items():
-        prefix = os.path.join(directory, stem)
+        prefix = storage.join(directory, stem)
         if kind == "state":
             leftovers.append(CheckpointInfo(
                 path=prefix, global_step=None, epoch=None, step_in_epoch=None, saved_at=_mtime(files),
-                size_bytes=sum(_size(f) for f in files), complete=None, listed=False,
-                problem="temporary state file of an interrupted update of `checkpoint`", files=tuple(files),
+                size_bytes=sum(storage.size(f) for f in files), complete=None, listed=False,
+                problem=f"temporary state file of an interrupted update of `{layout.STATE_FILE}`", files=tuple(files),
             ))
             continue
         if kind == "temp":
@@ -238,10 +196,9 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
             problem = f"an earlier {stem} moved aside (.{kind}) before the same step was saved again"
         else:
             path = prefix
-            has_data = any(_DATA_RE.search(f) for f in files)
-            if any(f.endswith("_temp") or ".tmp" in os.path.basename(f) for f in files):
+            if any(layout.parse_file_name(storage.basename(f)).in_flight for f in files):
                 problem = "temporary files of a save that is still in flight or was interrupted"
-            elif not os.path.exists(prefix + ".index") or not has_data:
+            elif not storage.exists(layout.index_path(prefix)) or not any(layout.is_data_file(f) for f in files):
                 problem = "not named in the state file, and " + (_missing_files(prefix) or "incomplete")
             else:
                 problem = "not named in the state file (a save being committed, or one the manager stopped tracking)"
@@ -253,9 +210,10 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
 def list_checkpoints(directory: str) -> list[CheckpointInfo]:
     """The checkpoints the state file names (oldest first), then the incomplete leftovers.
 
-    Raises CheckpointError when ``directory`` is missing, is not a directory, or holds nothing
-    that looks like a checkpoint."""
-    directory = os.path.abspath(os.fspath(directory))
+    ``directory`` is a checkpoint directory or a run's output directory. Raises
+    CheckpointError when it is missing, is not a directory, or holds nothing that looks
+    like a checkpoint."""
+    directory = checkpoint_dir(directory)
     _check_directory(directory)
     listed = _listed_paths(directory)
     leftovers = _leftovers(directory, listed)
@@ -267,19 +225,19 @@ def list_checkpoints(directory: str) -> list[CheckpointInfo]:
 def resolve(path: str, *, every: bool = False) -> list[str]:
     """The checkpoint prefixes ``path`` names: a prefix (``DIR/ckpt-8``, also ``.index``), or a
     directory's latest listed checkpoint (all of them with ``every``)."""
-    path = os.path.abspath(os.fspath(path))
-    for suffix in (".index", METADATA_SUFFIX):
-        if path.endswith(suffix) and os.path.isfile(path):
-            path = path[: -len(suffix)]
-    if _DATA_RE.search(path) and os.path.isfile(path):
-        path = _DATA_RE.sub("", path)
-    if not os.path.isdir(path) and (os.path.exists(path + ".index") or checkpoint_files(path)):
+    path = storage.absolute(path)
+    stripped = layout.strip_file_suffix(path)
+    if stripped != path and storage.isfile(path):
+        path = stripped
+    if not storage.isdir(path) and (storage.exists(layout.index_path(path)) or layout.checkpoint_files(path)):
         return [path]
-    if not os.path.exists(path) and os.path.isdir(os.path.dirname(path) or "."):
+    parent = storage.dirname(path) or "."
+    if not storage.exists(path) and storage.isdir(parent):
         raise CheckpointError(
-            f"no checkpoint or directory at {path!r} (neither {os.path.basename(path)}.index nor a folder exists). "
+            f"no checkpoint or directory at {path!r} (neither {storage.basename(path)}.index nor a folder exists). "
             "Fix: pass a checkpoint directory or a prefix such as DIR/ckpt-8; `tfdist ckpt list DIR` shows them."
         )
+    path = checkpoint_dir(path)
     _check_directory(path)
     listed = _listed_paths(path)
     if not listed:
@@ -288,10 +246,6 @@ def resolve(path: str, *, every: bool = False) -> list[str]:
 
 
 # --- reading the bundle index ------------------------------------------------------------
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:300]
-
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
     result = shift = 0
@@ -327,8 +281,7 @@ def read_index(prefix: str) -> tuple[Any, dict[bytes, Any]]:
     Raises ValueError (or a struct/index error) when the index is not a readable table."""
     from tensorflow.core.protobuf import tensor_bundle_pb2
 
-    with open(prefix + ".index", "rb") as f:
-        data = f.read()
+    data = storage.read_bytes(layout.index_path(prefix))
     if len(data) < 48 or data[-8:] != struct.pack("<Q", 0xDB4775248B80FB57):
         raise ValueError("not an sstable (bad magic number)")
     pos = len(data) - 48
@@ -351,10 +304,6 @@ def read_index(prefix: str) -> tuple[Any, dict[bytes, Any]]:
 
 
 # --- inspecting ----------------------------------------------------------------------------
-def _short_name(name: str) -> str:
-    return name[: -len(_VALUE_SUFFIX)] if name.endswith(_VALUE_SUFFIX) else name
-
-
 def inspect_checkpoint(path: str) -> dict[str, Any]:
     """The metadata and the saved variables of the checkpoint ``path`` names (a directory: its latest).
 
@@ -365,17 +314,18 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
     import tensorflow as tf
 
     try:
-        shapes = dict(tf.train.list_variables(prefix))
-        dtypes = tf.train.load_checkpoint(prefix).get_variable_to_dtype_map()
+        checkpoint = layout.reader(prefix)
+        shapes = checkpoint.get_variable_to_shape_map()
+        dtypes = checkpoint.get_variable_to_dtype_map()
     except Exception as e:  # the index is unreadable: TensorFlow raises several kinds
         raise CheckpointError(
-            f"cannot read the index of {prefix!r} ({type(e).__name__}: {_first_line(e)}); received a corrupt or "
-            f"incomplete checkpoint. Fix: run `tfdist ckpt verify {os.path.dirname(prefix) or '.'} --all`."
+            f"cannot read the index of {prefix!r} ({describe(e)}); received a corrupt or "
+            f"incomplete checkpoint. Fix: run `tfdist ckpt verify {storage.dirname(prefix) or '.'} --all`."
         ) from None
     variables, groups = [], {}
     for name in sorted(shapes):
         shape, dtype = list(shapes[name]), dtypes.get(name)
-        numeric = name != _SERIALIZED_GRAPH and dtype is not None and dtype != tf.string
+        numeric = name != layout.SERIALIZED_GRAPH and dtype is not None and dtype != tf.string
         count = 1
         for dim in shape:
             count *= dim
@@ -385,19 +335,20 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
             "name": name, "shape": shape, "dtype": dtype.name if dtype is not None else None,
             "parameters": params, "bytes": size,
         })
-        if name != _SERIALIZED_GRAPH:
+        if name != layout.SERIALIZED_GRAPH:
             group = groups.setdefault(name.split("/", 1)[0], {"count": 0, "parameters": 0, "bytes": 0})
             group["count"] += 1
             group["parameters"] += params
             group["bytes"] += size
-    saved = [v for v in variables if v["name"] != _SERIALIZED_GRAPH]
-    files = checkpoint_files(prefix)
+    saved = [v for v in variables if v["name"] != layout.SERIALIZED_GRAPH]
+    files = layout.checkpoint_files(prefix)
+    metadata = layout.read_metadata(prefix)
     return {
         "path": prefix,
-        "metadata_path": prefix + METADATA_SUFFIX,
-        "metadata": read_metadata(prefix),
-        "files": [{"name": os.path.basename(f), "size_bytes": _size(f)} for f in files],
-        "size_bytes": sum(_size(f) for f in files),
+        "metadata_path": layout.metadata_path(prefix),
+        "metadata": metadata.to_json() if metadata is not None else None,
+        "files": [{"name": storage.basename(f), "size_bytes": storage.size(f)} for f in files],
+        "size_bytes": sum(storage.size(f) for f in files),
         "variables": variables,
         "summary": {
             "count": len(saved),
@@ -411,17 +362,17 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
 # --- verifying -----------------------------------------------------------------------------
 def _structure_problems(prefix: str) -> tuple[list[str], dict[str, str]]:
     """Problems visible without reading tensors, and each tensor's data file (when the index parses)."""
-    name = os.path.basename(prefix)
-    if not os.path.exists(prefix + ".index"):
+    name = storage.basename(prefix)
+    if not storage.exists(layout.index_path(prefix)):
         return [f"missing index file {name}.index"], {}
     try:
         header, entries = read_index(prefix)
     except Exception:  # TensorFlow reads the index next and says what is wrong with it
         header, entries = None, {}
-    shards = _shard_names(prefix, header.num_shards if header is not None else None)
+    shards = layout.data_shard_names(prefix, header.num_shards if header is not None else None)
     if not shards:
         return [f"missing data files ({name}.data-*)"], {}
-    missing = [os.path.basename(s) for s in shards if not os.path.exists(s)]
+    missing = [storage.basename(s) for s in shards if not storage.exists(s)]
     if missing:
         return [f"missing data shard {', '.join(missing)}"], {}
     problems, needed = [], {}
@@ -429,28 +380,28 @@ def _structure_problems(prefix: str) -> tuple[list[str], dict[str, str]]:
         if entry.size and entry.shard_id < len(shards):
             needed[entry.shard_id] = max(needed.get(entry.shard_id, 0), entry.offset + entry.size)
     for shard_id, end in sorted(needed.items()):
-        size = os.path.getsize(shards[shard_id])
+        size = storage.size(shards[shard_id])
         if size < end:
             problems.append(
-                f"{os.path.basename(shards[shard_id])} is truncated: {size} bytes, "
+                f"{storage.basename(shards[shard_id])} is truncated: {size} bytes, "
                 f"the index places data up to byte {end}"
             )
     shard_of = {
-        key.decode("utf-8", "replace"): os.path.basename(shards[e.shard_id])
+        key.decode("utf-8", "replace"): storage.basename(shards[e.shard_id])
         for key, e in entries.items() if e.shard_id < len(shards)
     }
     return problems, shard_of
 
 
 def _metadata_problems(prefix: str, tensor_step: int | None) -> list[str]:
-    name = os.path.basename(prefix) + METADATA_SUFFIX
-    if not os.path.exists(prefix + METADATA_SUFFIX):
+    name = storage.basename(layout.metadata_path(prefix))
+    if not storage.exists(layout.metadata_path(prefix)):
         return [f"missing metadata file {name}"]
-    metadata = read_metadata(prefix)
-    if not isinstance(metadata, dict):
+    metadata = layout.read_metadata(prefix)
+    if metadata is None:
         return [f"metadata file {name} is not a JSON object"]
-    problems, step = [], metadata.get("global_step")
-    name_step = _step_of(prefix)
+    problems, step = [], metadata.global_step
+    name_step = layout.step_of(prefix)
     if name_step is not None and step != name_step:
         problems.append(f"metadata file {name} says global_step={step!r}, the checkpoint's name says {name_step}")
     if tensor_step is not None and step != tensor_step and tensor_step != name_step:
@@ -462,30 +413,28 @@ def verify_checkpoint(prefix: str) -> Verification:
     """Reads every tensor of ``prefix`` (TensorFlow checks each one's CRC32C) and checks its files.
 
     Never raises for a bad checkpoint: the result says what is wrong, in one line."""
-    import tensorflow as tf
-
     problems, shard_of = _structure_problems(prefix)
     if problems:  # reading would only fail again, less clearly
         return Verification(path=prefix, ok=False, problem="; ".join(problems))
     tensors = bytes_read = 0
     tensor_step = None
     try:
-        reader = tf.train.load_checkpoint(prefix)
+        reader = layout.reader(prefix)
         names = sorted(reader.get_variable_to_shape_map())
     except Exception as e:  # a corrupt index: TensorFlow raises OpError, ValueError, ...
         return Verification(path=prefix, ok=False, problem=(
-            f"the index {os.path.basename(prefix)}.index cannot be read ({type(e).__name__}: {_first_line(e)})"))
+            f"the index {storage.basename(prefix)}.index cannot be read ({describe(e)})"))
     for name in names:
         try:
             value = reader.get_tensor(name)
         except Exception as e:  # a CRC mismatch is an OpError; a short file an IndexError
-            where = shard_of.get(name) or ", ".join(sorted({os.path.basename(s) for s in _shard_names(prefix)}))
+            where = shard_of.get(name) or ", ".join(sorted({storage.basename(s) for s in layout.data_shard_names(prefix)}))
             where = f" in {where}" if where else ""
             return Verification(path=prefix, ok=False, problem=(
-                f"tensor {name!r}{where} cannot be read ({type(e).__name__}: {_first_line(e)})"), tensors=tensors)
+                f"tensor {name!r}{where} cannot be read ({describe(e)})"), tensors=tensors)
         tensors += 1
         bytes_read += getattr(value, "nbytes", 0)
-        if name == "progress/global_step" + _VALUE_SUFFIX:
+        if name == layout.GLOBAL_STEP_KEY:
             tensor_step = int(value)
     problems = _metadata_problems(prefix, tensor_step)
     return Verification(path=prefix, ok=not problems, problem="; ".join(problems) or None,
@@ -497,13 +446,14 @@ def verify(path: str, *, every: bool = False) -> tuple[list[Verification], list[
 
     Returns the results and the directory's incomplete leftovers (reported, not verified).
     A directory without a listed checkpoint but with leftovers gives one failed result per leftover."""
-    path = os.path.abspath(os.fspath(path))
-    if os.path.isdir(path):
+    path = storage.absolute(path)
+    if storage.isdir(path):
+        path = checkpoint_dir(path)
         _check_directory(path)
         try:
             listed = _listed_paths(path)
         except CheckpointError as e:  # a damaged state file is a failed verification, not a usage error
-            return [Verification(path=os.path.join(path, STATE_FILE), ok=False, problem=str(e))], []
+            return [Verification(path=layout.state_path(path), ok=False, problem=str(e))], []
         leftovers = _leftovers(path, listed)
         if not listed:
             if not leftovers:

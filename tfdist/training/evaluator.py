@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
-from tfdist import checkpoint as ckpt_mod
 from tfdist import data as data_mod
+from tfdist.checkpoint import layout
 
 log = logging.getLogger("tfdist")
 
@@ -40,7 +39,7 @@ def run_sidecar(
     idle_since = time.monotonic()
     log.info("evaluator: watching %s", checkpoint_dir)
     while True:
-        paths = ckpt_mod.checkpoint_paths(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
+        paths = layout.checkpoint_paths(checkpoint_dir)
         fresh = [p for p in paths if p not in seen]
         if not fresh:
             if max_idle_seconds is not None and time.monotonic() - idle_since > max_idle_seconds:
@@ -51,14 +50,14 @@ def run_sidecar(
         path = fresh[-1]  # the newest; older unseen ones are skipped, as a sidecar does
         seen.update(fresh)
         idle_since = time.monotonic()
-        metadata = ckpt_mod.read_metadata(path) or {}
+        metadata = layout.read_metadata(path) or layout.Metadata({})
         try:
             tf.train.Checkpoint(model=model).restore(path).expect_partial()
         except tf.errors.OpError as e:
             log.warning("evaluator: cannot read %s (%s); skipping it", path, type(e).__name__)
             continue
         metrics = model.evaluate(dataset, verbose=0, return_dict=True)
-        step = int(metadata.get("global_step", len(results)))
+        step = metadata.global_step if metadata.global_step is not None else len(results)
         metrics = {key: float(value) for key, value in metrics.items()}
         results.append(dict(metrics, global_step=step))
         log.info("evaluator: step %d: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
@@ -67,5 +66,5 @@ def run_sidecar(
                 for key, value in metrics.items():
                     tf.summary.scalar(f"eval/{key}", value)
             writer.flush()
-        if metadata.get("complete"):
+        if metadata.complete:
             return results

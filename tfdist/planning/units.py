@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+from tfdist import _checks
 from tfdist.errors import PlanError
 
 _SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
@@ -24,7 +25,7 @@ def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = Fa
     ``k/M/G/T`` are powers of 1000, ``Ki/Mi/Gi/Ti`` powers of 1024; ``B`` (or nothing) means
     bytes and ``bit`` bits.
     """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
+    if _checks.is_real(text):
         return float(text)
     example = "10GB/s or 1.25e9" if per_second else "500MB, 1.5GiB or 5e8"
     match = re.fullmatch(_NUMBER + r"\s*([kmgtp]i?)?(b|bit|bits|byte|bytes)?(/s)?", str(text).strip().lower())
@@ -37,7 +38,7 @@ def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = Fa
 
 def parse_duration(text: str | float, *, name: str = "value") -> float:
     """Seconds from a number or a duration such as ``500ms``, ``30s``, ``5m``, ``24h``, ``2d``, ``1h30m``."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
+    if _checks.is_real(text):
         return float(text)
     parts = re.findall(_NUMBER + r"\s*([a-z]*)\s*", str(text).strip().lower())
     joined = "".join(re.findall(r"\S+", str(text).lower()))
@@ -51,8 +52,8 @@ def parse_duration(text: str | float, *, name: str = "value") -> float:
 
 def parse_count(text: str | int, *, name: str = "value") -> int:
     """A whole number from ``1000``, ``1_000``, ``1e6``, ``60k``, ``1.2M`` or ``7B`` (billions)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
+    if _checks.is_int(text):
+        return int(text)
     match = re.fullmatch("(-?)" + _NUMBER + r"([kmbgt]?)", str(text).strip().lower().replace("_", "").replace(",", ""))
     value = math.nan
     if match:

@@ -1,19 +1,21 @@
-"""The model side of fit: tf_keras checks, building in scope, accumulation, mixed precision, RNG state."""
+"""The model side of fit for tf_keras: checks, building in scope, accumulation, mixed precision, RNG state."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import types
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from tfdist import _checks
 from tfdist.errors import ModelError
 
 log = logging.getLogger("tfdist")
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+PRECISIONS = _checks.PRECISIONS
 _KERAS3_FIX = (
     "Fix: build it with tf_keras (`import tf_keras as keras`), or set TF_USE_LEGACY_KERAS=1 before "
     "TensorFlow is imported so that tf.keras is tf_keras. Keras 3 cannot run fit under "
@@ -45,8 +47,7 @@ def precision_policy(precision: str):
     import tensorflow as tf
     import tf_keras
 
-    if precision not in PRECISIONS:
-        raise ModelError(f"Invalid `mixed_precision`; received {precision!r}. Fix: use one of {', '.join(PRECISIONS)}.")
+    _checks.check_choice("mixed_precision", precision, PRECISIONS, error=ModelError)
     previous = tf_keras.mixed_precision.global_policy()
     if precision != "float32":
         gpus = tf.config.list_physical_devices("GPU")
@@ -73,6 +74,58 @@ def check_argument(model: Any) -> None:
     if isinstance(model, tf_keras.Model) or (callable(model) and not _is_keras3(model)):
         return
     check_tf_keras(model)
+
+
+def check_callbacks(callbacks: Sequence[Any] | None) -> None:
+    """Refuses callbacks that conflict with tfdist's own work."""
+    import tf_keras
+
+    for cb in callbacks or ():
+        if isinstance(cb, tf_keras.callbacks.BackupAndRestore):
+            raise ModelError(
+                "BackupAndRestore conflicts with tfdist's own checkpoints; received it in callbacks. "
+                "Fix: remove it and pass checkpoint_dir= (tfdist resumes at the exact batch)."
+            )
+
+
+def set_seed(seed: int) -> None:
+    """Seeds Python, NumPy and TensorFlow the way Keras does."""
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(seed)
+
+
+def model_fingerprint(model) -> str:
+    """A hash of the model's structure: layer classes and weight shapes and dtypes, in order.
+
+    Names are left out: Keras numbers them per process (dense, dense_1, ...)."""
+    digest = hashlib.sha256()
+    for layer in model._flatten_layers(include_self=False):
+        shapes = ",".join(f"{tuple(w.shape)}:{w.dtype.name}" for w in layer.weights)
+        digest.update(f"{type(layer).__name__}[{shapes}];".encode())
+    return digest.hexdigest()[:16]
+
+
+def settle(model) -> None:
+    """Waits until every step scheduled so far has run (parameter servers: before a save)."""
+    coordinator = getattr(model, "_cluster_coordinator", None)
+    if coordinator is not None:
+        coordinator.join()
+
+
+def merged_history(previous: list[dict], history=None):
+    """A Keras History holding every epoch of the run, earlier runs included."""
+    import tf_keras
+
+    merged = tf_keras.callbacks.History()
+    merged.epoch = list(range(len(previous)))
+    for logs in previous:
+        for key, value in logs.items():
+            merged.history.setdefault(key, []).append(value)
+    if history is not None:
+        merged.model = history.model
+        merged.params = history.params
+    return merged
 
 
 def _rebuild(model, strategy):
@@ -175,6 +228,30 @@ def build_state(model, sample: tuple[np.ndarray, np.ndarray]) -> None:
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         if hasattr(optimizer, "build"):
             optimizer.build(model.trainable_variables)
+        _aggregate_schedule_variable(optimizer, model.distribute_strategy)
+
+
+def _aggregate_schedule_variable(optimizer, strategy) -> None:
+    """Works around a tf_keras bug under CentralStorageStrategy (tf_keras 2.16-2.21).
+
+    With a learning-rate schedule, tf_keras keeps the current rate in a variable
+    (``_current_learning_rate``) created without an aggregation and assigned in replica
+    context at every step; a central-storage (aggregating) variable refuses that, so plain
+    ``model.fit`` fails at its first step ("You must specify an aggregation method"). Every
+    replica computes the same rate, so the variable is recreated, with its value and under the
+    same checkpoint name, with ``ONLY_FIRST_REPLICA`` aggregation."""
+    import tensorflow as tf
+
+    current = getattr(optimizer, "_current_learning_rate", None)
+    if not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy) or current is None:
+        return
+    if current.aggregation != tf.VariableAggregation.NONE:
+        return
+    with strategy.scope():
+        optimizer._current_learning_rate = tf.Variable(
+            current.read_value(), name="current_learning_rate", dtype=current.dtype, trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
 
 
 def install_grad_accumulation(model, steps: int) -> None:

@@ -1,7 +1,7 @@
 """Training plan arithmetic: batch sizes, steps, memory, checkpoint cost and time, before a run.
 
 Everything here is arithmetic on numbers the user gives. TensorFlow is imported only to
-count the parameters of a named or saved model and to measure a step (tfdist.measure).
+count the parameters of a named or saved model and to measure a step (``measure``).
 
 The formulas (see docs/plan.md for a worked example):
 
@@ -27,10 +27,11 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
+from tfdist import _checks
 from tfdist.errors import PlanError
-from tfdist.units import format_bytes, format_seconds, parse_bytes, parse_duration
+from tfdist.planning.units import format_bytes, format_seconds, parse_bytes, parse_duration
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+PRECISIONS = _checks.PRECISIONS
 BYTES_PER_PARAM = 4  # weights, gradients and optimizer slots are float32 in every precision
 CHECKPOINT_OVERHEAD_BYTES = 1_000_000  # index, object graph, metadata, data position
 DEFAULT_STALL_WINDOW = 30.0  # seconds training may pause to write one checkpoint
@@ -38,11 +39,9 @@ DEFAULT_MTBF = 86_400.0  # seconds between failures that stop the job (1 day)
 DEFAULT_RESTART_SECONDS = 300.0  # seconds from a failure to training again (reschedule, restore)
 DEFAULT_LINK_BANDWIDTH = 10e9  # bytes/s of the slowest link of the all-reduce ring (10 GB/s)
 DEFAULT_MAX_GPUS = 64
-# A built-in model is built for the data set ``tfdist train`` uses by default: 8x8 digits, 10 classes.
-DEFAULT_INPUT_SHAPE = (8, 8, 1)
-DEFAULT_NUM_CLASSES = 10
 
-# --- human units ------------------------------------------------------------------------
+
+# --- formulas ------------------------------------------------------------------------------
 def ring_allreduce_seconds(*, replicas: int, gradient_bytes: float, link_bandwidth: float) -> float:
     """Seconds of one ring all-reduce: 2 (n - 1) / n x gradient bytes / link bandwidth (0 for n = 1)."""
     return 2 * (replicas - 1) / replicas * gradient_bytes / link_bandwidth
@@ -67,20 +66,13 @@ def solve_grad_accum_steps(*, global_batch_size: int, replicas: int, max_micro_b
     )
 
 
-# --- validation helpers -----------------------------------------------------------------
+# --- validation ---------------------------------------------------------------------------
 def check_int(name: str, value: Any, *, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise PlanError(f"Invalid `{name}`; received {name}={value!r}. Fix: use {kind}.")
+    _checks.check_int(name, value, error=PlanError, minimum=minimum)
 
 
 def _check_number(name: str, value: Any, *, unit: str, allow_none: bool = False, allow_zero: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        kind = "a number >= 0" if allow_zero else "a positive number"
-        raise PlanError(f"Invalid `{name}`; received {name}={value!r}. Fix: use {kind} of {unit}.")
+    _checks.check_number(name, value, error=PlanError, unit=unit, allow_none=allow_none, allow_zero=allow_zero)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,7 +402,7 @@ class Plan:
         return out
 
 
-# --- models (TensorFlow imported only here) ------------------------------------------------
+# --- the plan -------------------------------------------------------------------------------
 def _resolve_batch(
     *, replicas: int, micro: int | None, accum: int | None, global_batch: int | None, max_micro: int | None
 ) -> tuple[int, int]:
@@ -545,7 +537,7 @@ def plan(
     )
     result = Plan(**fields)  # validates everything before any TensorFlow work
     if measure or model is not None:
-        from tfdist.measure import builtin_params, measure_step_time
+        from tfdist.planning.measure import builtin_params, measure_step_time
     if measure:
         m = measure_step_time(
             model=model, micro_batch_size=micro, strategy=strategy, steps=measure_steps, warmup=measure_warmup,

@@ -9,8 +9,8 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Sequence
 
+from tfdist import _checks, models
 from tfdist.errors import PlanError
-from tfdist.planner import DEFAULT_INPUT_SHAPE, DEFAULT_NUM_CLASSES, check_int
 
 if TYPE_CHECKING:  # pragma: no cover
     import tf_keras
@@ -34,22 +34,13 @@ def _load_model(model: str, *, input_shape: Sequence[int] | None = None, num_cla
                 f"Invalid `model`; received model={model!r}, which tf_keras cannot load ({type(e).__name__}: {e}). "
                 "Fix: pass a .keras/.h5/SavedModel path saved with tf_keras, or --params."
             ) from e
-    try:
-        from tfdist import models
-    except ModuleNotFoundError as e:
-        if e.name != "tfdist.models":
-            raise
-        raise PlanError(
-            f"Invalid `model`; received model={model!r}: no such file, and built-in models are not available "
-            "in this tfdist. Fix: pass a saved model path or a parameter count (params)."
-        ) from e
     if model not in models.MODELS:
         raise PlanError(
             f"Invalid `model`; received model={model!r}, neither a file nor a built-in model. "
             f"Fix: use a path or one of {', '.join(sorted(models.MODELS))}."
         )
-    shape = tuple(input_shape) if input_shape is not None else DEFAULT_INPUT_SHAPE
-    return models.build(model, input_shape=shape, num_classes=num_classes or DEFAULT_NUM_CLASSES)
+    shape = tuple(input_shape) if input_shape is not None else models.DEFAULT_INPUT_SHAPE
+    return models.build(model, input_shape=shape, num_classes=num_classes or models.DEFAULT_NUM_CLASSES)
 
 
 def builtin_params(name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None) -> int:
@@ -112,8 +103,8 @@ def measure_step_time(
     process of a cluster must call this.
     """
     for name, value in (("micro_batch_size", micro_batch_size), ("steps", steps), ("grad_accum_steps", grad_accum_steps)):
-        check_int(name, value)
-    check_int("warmup", warmup, minimum=0)
+        _checks.check_int(name, value, error=PlanError)
+    _checks.check_int("warmup", warmup, error=PlanError, minimum=0)
     import resource
     import time
 
@@ -121,7 +112,7 @@ def measure_step_time(
     import tensorflow as tf
     import tf_keras
 
-    from tfdist.keras_model import install_grad_accumulation
+    from tfdist.training.model import install_grad_accumulation
     from tfdist.strategy import make_strategy, name_of
 
     gpus = tf.config.list_physical_devices("GPU")

@@ -1,0 +1,50 @@
+"""The command line's common behaviour: a quiet TensorFlow start, exit codes by kind of error."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfdist import env, errors
+from tfdist.cli import _quiet
+
+from conftest import base_env
+
+_START_UP = ("absl::InitializeLog", "cudart_stub", "cuda_platform", "oneDNN custom operations", "cpu_feature_guard")
+
+
+@pytest.mark.timeout(240)
+def test_tensorflow_start_up_lines_are_hidden_unless_asked_for(procs):
+    environ = base_env()
+    del environ[env.TF_CPP_MIN_LOG_LEVEL]  # as a user has it: unset
+    code, quiet = procs.tfdist("env", env=environ, timeout=120)
+    assert code == 0, quiet[-2000:]
+    assert "strategy:" in quiet and "tensorflow" in quiet
+    assert not [line for line in quiet.splitlines() if any(k in line for k in _START_UP)], quiet[-2000:]
+    code, loud = procs.tfdist("--verbose", "env", env=environ, timeout=120)
+    assert code == 0 and "strategy:" in loud
+    # This machine (no GPU) prints CUDA probing lines at least; --verbose lets them through.
+    assert any(k in loud for k in _START_UP), loud[-2000:]
+
+
+@pytest.mark.parametrize(
+    "line, noise",
+    [
+        ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n", True),
+        ("I0000 00:00:1795419972.085526   14325 cudart_stub.cc:31] Could not find cuda drivers on your machine.", True),
+        ("E0000 00:00:1795419976.094123   14325 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error", True),
+        ("E0000 00:00:1795419976.094123   14325 collective_ops.cc:12] Collective ops is aborted by: peer lost", False),
+        ("Traceback (most recent call last):", False),
+        ("tfdist: strategy one_device: no GPU on this machine; using the CPU", False),
+    ],
+)
+def test_only_known_start_up_lines_are_dropped(line, noise):
+    assert _quiet.is_noise(line) is noise
+
+
+def test_exit_codes_tell_bad_input_from_failures():
+    assert errors.ModelError("x").exit_code == errors.DataError("x").exit_code == env.EXIT_USAGE
+    assert errors.StorageError("x").exit_code == env.EXIT_USAGE
+    assert errors.CheckpointIOError("x").exit_code == env.EXIT_FAILED  # a restart may succeed
+    assert errors.PeerUnavailableError("x").exit_code == env.EXIT_PEER_LOST
+    assert errors.describe(IndexError()) == "IndexError"  # an exception without a message
+    assert errors.describe(ValueError("first\nsecond")) == "ValueError: first"

@@ -1,0 +1,336 @@
+"""Saving and restoring one run's state: asynchronous atomic saves, compatibility, restore and fallback.
+
+A checkpoint of global step ``t`` holds the model weights, the optimizer (slots and
+iterations), the progress counters (global step, epoch, step in epoch; the data position
+follows from them and the seed), the state of every random layer's generator, the epoch's
+metric accumulators, and each replica's own value of every on-read variable (see
+``replicas``). Its metadata records the run it belongs to (``layout.RunMetadata``) and the
+history so far.
+
+Atomicity comes from ``tf.train.CheckpointManager``: shards are written to a temporary
+directory and merged, and the ``checkpoint`` state file, which names the latest
+checkpoint, is rewritten (temp file + rename) only after the data is complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from typing import Any
+
+from tfdist import _checks, storage
+from tfdist.checkpoint import layout
+from tfdist.checkpoint.replicas import ReplicaValues, on_read_variables
+from tfdist.errors import CheckpointError, CheckpointIOError, CheckpointMismatchError, describe
+
+log = logging.getLogger("tfdist")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+    """Where and when to save, and how to resume.
+
+    Attributes:
+      directory: where the chief keeps its checkpoints (must be readable by every worker):
+        a local path or a URL of any TensorFlow filesystem (``gs://bucket/run``).
+      save_every_steps: also save every N global steps (None: only at epoch ends).
+      save_every_seconds: also save when this many seconds passed since the last save.
+      keep: how many recent checkpoints to keep.
+      keep_every_hours: additionally keep one checkpoint every H hours.
+      async_save: write in the background (TensorFlow's async checkpointing).
+      resume: continue from the latest checkpoint in ``directory`` if there is one.
+      allow_changes: resume even if the global batch size, model or data differ.
+    """
+
+    directory: str
+    save_every_steps: int | None = None
+    save_every_seconds: float | None = None
+    keep: int = 3
+    keep_every_hours: float | None = None
+    async_save: bool = True
+    resume: bool = True
+    allow_changes: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
+            raise CheckpointError(
+                f"Invalid `checkpoint_dir`; received checkpoint_dir={self.directory!r}. Fix: pass a directory path."
+            )
+        object.__setattr__(self, "directory", os.fspath(self.directory))
+        _checks.check_optional_int("save_every_steps", self.save_every_steps, error=CheckpointError)
+        _checks.check_number("save_every_seconds", self.save_every_seconds, error=CheckpointError, unit="seconds",
+                             allow_none=True)
+        _checks.check_int("keep", self.keep, error=CheckpointError, fix="use a positive number of checkpoints.")
+        _checks.check_number("keep_every_hours", self.keep_every_hours, error=CheckpointError, unit="hours",
+                             allow_none=True)
+
+
+class _Counters:
+    """The step counters that are part of every checkpoint."""
+
+    def __init__(self):
+        import tensorflow as tf
+
+        self.module = tf.Module(name=layout.PROGRESS)
+        for name in layout.COUNTERS:
+            setattr(self.module, name, tf.Variable(0, dtype=tf.int64, trainable=False, name=name))
+
+    def set(self, *, global_step: int, epoch: int, step_in_epoch: int) -> None:
+        self.module.global_step.assign(global_step)
+        self.module.epoch.assign(epoch)
+        self.module.step_in_epoch.assign(step_in_epoch)
+
+    @property
+    def global_step(self) -> int:
+        return int(self.module.global_step.numpy())
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run resumed from: its prefix, its global step and its metadata."""
+
+    path: str
+    global_step: int
+    metadata: layout.Metadata
+
+
+def refuse_to_start_over(directory: str, *, what: str = "resume=False") -> None:
+    """Raises CheckpointError if ``directory`` already holds checkpoints: a fresh run there
+    would let the retention policy delete them."""
+    paths = layout.checkpoint_paths(directory)
+    if paths:
+        raise CheckpointError(
+            f"{what} was given but {directory!r} holds {len(paths)} checkpoint(s) of an earlier run (latest "
+            f"{storage.basename(paths[-1])}); received {what}. Fix: use another checkpoint directory, or resume; "
+            "tfdist never overwrites or deletes a run's checkpoints to start over."
+        )
+
+
+class Checkpointer:
+    """Saves and restores one run's state. Every worker of a cluster must create one and call
+    ``save`` at the same steps (a save may be a collective); only the chief's checkpoints are kept."""
+
+    def __init__(
+        self,
+        *,
+        options: CheckpointOptions,
+        model,
+        generators: dict[str, Any],
+        is_chief: bool,
+        task_name: str,
+        run_metadata: layout.RunMetadata,
+    ):
+        import tensorflow as tf
+
+        self.options = options
+        self.model = model
+        self.counters = _Counters()
+        self.is_chief = is_chief
+        self.run_metadata = run_metadata
+        self._metrics = tf.Module(name=layout.METRICS)
+        for i, metric in enumerate(model.metrics):
+            setattr(self._metrics, f"m{i}_{metric.name}", metric)
+        rng = tf.Module(name=layout.RNG)
+        for key, generator in generators.items():
+            setattr(rng, f"g_{key}", generator)
+        # Each replica's own on-read values: the model's and optimizer's (BatchNormalization's
+        # moving statistics...) are put back at restore, the metrics' when Keras starts the
+        # resumed epoch (it resets them first).
+        strategy = model.distribute_strategy
+        metric_variables = [v for metric in model.metrics for v in metric.variables]
+        metric_ids = {id(v) for v in metric_variables}
+        self._replica_state = ReplicaValues.of(
+            strategy, [v for v in on_read_variables(model, model.optimizer) if id(v) not in metric_ids],
+            name=layout.REPLICA_STATE,
+        )
+        self._replica_metrics = ReplicaValues.of(strategy, metric_variables, name=layout.REPLICA_METRICS)
+        extra = {group.name: group.module for group in self._replica_groups}
+        self.root = tf.train.Checkpoint(**{
+            layout.MODEL: model, layout.OPTIMIZER: model.optimizer, layout.PROGRESS: self.counters.module,
+            layout.RNG: rng, layout.METRICS: self._metrics, **extra,
+        })
+        self._metrics_root = tf.train.Checkpoint(**{layout.METRICS: self._metrics})
+        if not options.resume:  # every worker, so that none waits in a collective for a chief that refused
+            refuse_to_start_over(options.directory)
+        if is_chief:
+            self.directory = options.directory
+            storage.check_writable(self.directory)
+        else:  # tf.distribute: non-chief workers save too, to a local place that is thrown away
+            self.directory = tempfile.mkdtemp(prefix=f"tfdist-{task_name.replace(':', '-')}-")
+        self.manager = tf.train.CheckpointManager(
+            self.root,
+            self.directory,
+            max_to_keep=options.keep if is_chief else 1,
+            keep_checkpoint_every_n_hours=options.keep_every_hours if is_chief else None,
+            checkpoint_name=layout.CHECKPOINT_NAME,
+        )
+        # The callback runs when a save's files are complete (in the writer thread when async),
+        # before the manager lists the checkpoint and deletes the oldest one.
+        self._save_options = tf.train.CheckpointOptions(
+            enable_async=options.async_save, experimental_write_callbacks=[self._written]
+        )
+        self.last_save_time = time.monotonic()
+        self._save_started: float | None = None
+        self.last_write_seconds: float | None = None
+        """Seconds from the last ``save()`` call until its files were complete (not counting
+        the deletion of checkpoints past ``keep``); ``last_written_at`` is that moment
+        (``time.perf_counter()``)."""
+        self.last_written_at: float | None = None
+        self.last_saved_step: int | None = None
+        self.resumed_from: ResumePoint | None = None
+
+    # --- writing -------------------------------------------------------------------------
+    def _written(self, save_path: str) -> None:
+        if self._save_started is not None:
+            self.last_written_at = time.perf_counter()
+            self.last_write_seconds = self.last_written_at - self._save_started
+            log.debug("%s written in %.3f s", save_path, self.last_write_seconds)
+
+    def sync(self) -> None:
+        """Waits for a background save; raises CheckpointError if it failed."""
+        try:
+            self.root.sync()
+        except Exception as e:  # the async writer re-raises whatever failed in its thread
+            raise CheckpointIOError(
+                f"writing a checkpoint to {self.options.directory!r} failed: {type(e).__name__}: {e}. "
+                "Fix: check free space and permissions; the earlier checkpoints are intact."
+            ) from e
+
+    def save(self, *, global_step: int, epoch: int, step_in_epoch: int, history: list[dict], complete: bool = False) -> str | None:
+        """Saves the state after ``global_step`` steps (asynchronously unless disabled).
+        Every worker must call it at the same step."""
+        if self.last_saved_step == global_step and not complete:
+            return None
+        self.sync()  # one save in flight at a time; surfaces the previous save's error
+        self.counters.set(global_step=global_step, epoch=epoch, step_in_epoch=step_in_epoch)
+        for group in self._replica_groups:
+            group.capture()
+        metadata = layout.Metadata.of(self.run_metadata, global_step=global_step, epoch=epoch,
+                                      step_in_epoch=step_in_epoch, complete=complete, history=history)
+        if self.is_chief:
+            self._quarantine_existing(global_step)
+        self._save_started, self.last_write_seconds, self.last_written_at = time.perf_counter(), None, None
+        try:
+            path = self.manager.save(checkpoint_number=global_step, options=self._save_options)
+        except Exception as e:
+            raise CheckpointIOError(
+                f"saving a checkpoint to {self.directory!r} failed: {type(e).__name__}: {e}. "
+                "Fix: check free space and permissions; the earlier checkpoints are intact."
+            ) from e
+        if self.is_chief:
+            layout.write_metadata(path, metadata)
+            self._remove_orphan_metadata(keep=path)
+        self.last_save_time = time.monotonic()
+        self.last_saved_step = global_step
+        return path
+
+    def _quarantine_existing(self, step: int) -> None:
+        """Moves aside an existing checkpoint of ``step`` (e.g. a corrupt one resume skipped) instead of overwriting it."""
+        prefix = layout.prefix_for(self.directory, step)
+        files = layout.checkpoint_files(prefix)
+        if not files:
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for path in files + [layout.metadata_path(prefix)]:
+            if storage.exists(path):
+                storage.rename(path, layout.replaced_name(path, stamp))
+        log.warning("an earlier %s was kept as %s.*.replaced-%s before saving the new one",
+                    storage.basename(prefix), storage.basename(prefix), stamp)
+
+    def _remove_orphan_metadata(self, *, keep: str) -> None:
+        """Removes the metadata of checkpoints the manager deleted (``keep``: the save in flight)."""
+        for meta in layout.metadata_files(self.directory):
+            prefix = layout.strip_file_suffix(meta)
+            if prefix != keep and not layout.checkpoint_files(prefix):
+                storage.remove(meta)
+
+    def close(self) -> None:
+        """Waits for the last save and removes a non-chief worker's throw-away directory."""
+        try:
+            self.sync()
+        finally:
+            if not self.is_chief:
+                storage.rmtree(self.directory)
+        if self.is_chief and self.last_saved_step is not None:
+            self._remove_orphan_metadata(keep="")
+
+    # --- reading -------------------------------------------------------------------------
+    def _check_compatible(self, path: str, metadata: layout.Metadata | None) -> None:
+        if metadata is None:
+            raise CheckpointMismatchError(
+                f"{path!r} has no tfdist metadata ({storage.basename(layout.metadata_path(path))}); received a "
+                "checkpoint tfdist did not write. Fix: use an empty checkpoint_dir; the directory was left untouched."
+            )
+        differences = self.run_metadata.differences(metadata)
+        if differences and not self.options.allow_changes:
+            raise CheckpointMismatchError(
+                f"the checkpoint in {self.options.directory!r} belongs to a different run ({'; '.join(differences)}). "
+                "Fix: use another checkpoint_dir, or pass allow_changes=True (--allow-changes) to continue "
+                "deliberately; the checkpoints were left untouched."
+            )
+        if differences:
+            log.warning("resuming despite changes (allow_changes): %s", "; ".join(differences))
+
+    def restore(self) -> ResumePoint | None:
+        """Restores the newest good checkpoint; a corrupt one is skipped with a warning."""
+        import tensorflow as tf
+
+        if not self.options.resume:
+            return None
+        self.sync()
+        paths = layout.checkpoint_paths(self.options.directory)
+        if not paths:
+            return None
+        # The newest checkpoint decides which run the directory belongs to.
+        self._check_compatible(paths[-1], layout.read_metadata(paths[-1]))
+        for path in reversed(paths):
+            metadata = layout.read_metadata(path)
+            try:
+                self._check_compatible(path, metadata)
+                status = self.root.restore(path)
+                status.assert_existing_objects_matched()
+                # What the checkpoint has and this run does not -- per-replica values of another
+                # replica count, after a topology change -- is left out on purpose, not warned about.
+                status.expect_partial()
+            except CheckpointMismatchError:
+                raise
+            except (tf.errors.OpError, AssertionError, ValueError, IndexError, OSError) as e:  # IndexError: truncated file
+                log.warning("checkpoint %s cannot be read (%s); falling back to the previous one", path, describe(e))
+                continue
+            self._restore_replica_state(path, metadata)
+            point = ResumePoint(path=path, global_step=self.counters.global_step, metadata=metadata)
+            self.resumed_from = point
+            self.last_saved_step = point.global_step
+            return point
+        raise CheckpointIOError(
+            f"no checkpoint in {self.options.directory!r} can be read; received {len(paths)} corrupt checkpoint(s). "
+            "Fix: inspect them with `tfdist ckpt verify`, or start a fresh run in another directory."
+        )
+
+    @property
+    def _replica_groups(self) -> list[ReplicaValues]:
+        return [g for g in (self._replica_state, self._replica_metrics) if g is not None]
+
+    def _restore_replica_state(self, path: str, metadata: layout.Metadata) -> None:
+        """Puts each replica's own on-read values back; after a topology change, says what differs."""
+        if self._replica_state is not None:
+            self._replica_state.restore(path)
+        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        saved = metadata.run_value("num_replicas")
+        if saved is not None and saved != replicas:
+            log.info(
+                "the checkpoint was saved by %s replicas, this run has %d: same step and data order; every replica "
+                "starts from the aggregate of the saved per-replica values (e.g. the mean of BatchNormalization's "
+                "moving statistics)", saved, replicas,
+            )
+
+    def restore_metrics(self) -> None:
+        """Restores the epoch's metric accumulators of the checkpoint resumed from (after Keras reset them)."""
+        if self.resumed_from is None:
+            return
+        if self._replica_metrics is not None and self._replica_metrics.restore(self.resumed_from.path):
+            return
+        self._metrics_root.restore(self.resumed_from.path).expect_partial()

@@ -1,0 +1,323 @@
+"""The checkpoint layout: how a run's checkpoints are named and described on disk.
+
+This module alone knows the names of the files of a checkpoint directory, the keys of
+tfdist's metadata, and the paths of the progress counters inside a checkpoint; the
+checkpointer, ``tfdist ckpt`` and the evaluator ask it. A checkpoint directory holds::
+
+    checkpoint                        TensorFlow's state file: names the complete checkpoints,
+                                      rewritten (temp file + rename) only after a save is whole
+    ckpt-<step>.index                 the bundle index of the checkpoint of global step <step>
+    ckpt-<step>.data-00000-of-00001   its tensors
+    ckpt-<step>.tfdist.json           tfdist's metadata: the run (RunMetadata) and its progress
+
+and, transiently or after trouble, ``ckpt-<step>_temp/`` (a save in flight),
+``*.tmp-<id>`` (an atomic write in flight) and ``*.replaced-<stamp>`` (a checkpoint moved
+aside instead of being overwritten). Inside a checkpoint the root objects are named by
+``ROOT`` below; the counters are ``progress/global_step`` and friends.
+
+All I/O goes through ``tfdist.storage``: a directory may be on any TensorFlow filesystem.
+Reading a directory needs no TensorFlow when it is local.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from typing import Any, ClassVar, Mapping
+
+from tfdist import storage
+
+STATE_FILE = "checkpoint"
+CHECKPOINT_NAME = "ckpt"
+METADATA_SUFFIX = ".tfdist.json"
+FORMAT = 1
+"""Version of the metadata format; a reader accepts the keys it knows and ignores the rest."""
+
+# The root objects of tf.train.Checkpoint (the first component of every variable path).
+MODEL, OPTIMIZER, PROGRESS, RNG, METRICS = "model", "optimizer", "progress", "rng", "metrics"
+REPLICA_STATE, REPLICA_METRICS = "replica_state", "replica_metrics"
+COUNTERS = ("global_step", "epoch", "step_in_epoch")
+VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+SERIALIZED_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+
+_STATE_LINE = re.compile(r'^(model_checkpoint_path|all_model_checkpoint_paths):\s*"((?:[^"\\]|\\.)*)"\s*$')
+_STEP = re.compile(r"-(\d+)$")
+_DATA = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+# ckpt-12.index, ckpt-12.data-00000-of-00001, ckpt-12.tfdist.json, ckpt-12_temp/, each maybe with a
+# ``.replaced-<stamp>`` or ``.tmp-<id>`` tail.
+_FILE = re.compile(
+    r"^(?P<stem>.+?-(?P<step>\d+))(?P<kind>\.index|\.data-\d{5}-of-\d{5}|\.tfdist\.json|_temp)(?P<tail>.*)$"
+)
+_REPLACED = re.compile(r"\.replaced-(\S+)$")
+
+
+# --- names ---------------------------------------------------------------------------------
+def prefix_for(directory: str, step: int) -> str:
+    """The prefix of the checkpoint of global step ``step`` in ``directory`` (``DIR/ckpt-<step>``)."""
+    return storage.join(directory, f"{CHECKPOINT_NAME}-{step}")
+
+
+def step_of(prefix: str) -> int | None:
+    """The global step a checkpoint prefix names (``ckpt-12`` -> 12), or None."""
+    match = _STEP.search(storage.basename(prefix))
+    return int(match.group(1)) if match else None
+
+
+def state_path(directory: str) -> str:
+    return storage.join(directory, STATE_FILE)
+
+
+def metadata_path(prefix: str) -> str:
+    return prefix + METADATA_SUFFIX
+
+
+def index_path(prefix: str) -> str:
+    return prefix + ".index"
+
+
+def counter_key(name: str) -> str:
+    """The variable path of a progress counter inside a checkpoint, e.g. ``progress/global_step/...``."""
+    return f"{PROGRESS}/{name}{VALUE_SUFFIX}"
+
+
+GLOBAL_STEP_KEY = counter_key("global_step")
+# Metadata keys a reader shows in a form of its own (a time, a list of epochs).
+SAVED_AT, HISTORY = "saved_at", "history"
+
+
+def short_key(key: str) -> str:
+    """A variable path without its ``/.ATTRIBUTES/VARIABLE_VALUE`` tail."""
+    return key[: -len(VALUE_SUFFIX)] if key.endswith(VALUE_SUFFIX) else key
+
+
+def replaced_name(path: str, stamp: str) -> str:
+    """The name a file is moved to when a checkpoint of the same step is saved again."""
+    return f"{path}.replaced-{stamp}"
+
+
+def checkpoint_files(prefix: str) -> list[str]:
+    """The index and data files of ``prefix`` that exist, sorted."""
+    directory, name = storage.dirname(prefix) or ".", storage.basename(prefix)
+    return sorted(
+        storage.glob_names(directory, _escape(name) + ".index") + storage.glob_names(directory, _escape(name) + ".data-*")
+    )
+
+
+def data_shard_names(prefix: str, num_shards: int | None = None) -> list[str]:
+    """The data files a checkpoint should have: ``num_shards`` of them, else as many as the names on disk say."""
+    if num_shards is None:
+        counts = {int(_DATA.search(f).group(2)) for f in checkpoint_files(prefix) if _DATA.search(f)}
+        if not counts:
+            return []
+        num_shards = max(counts)
+    return [f"{prefix}.data-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
+
+
+def is_data_file(path: str) -> bool:
+    return _DATA.search(path) is not None
+
+
+def strip_file_suffix(path: str) -> str:
+    """``DIR/ckpt-8.index`` / ``.tfdist.json`` / ``.data-00000-of-00001`` -> ``DIR/ckpt-8``; else unchanged."""
+    for suffix in (".index", METADATA_SUFFIX):
+        if path.endswith(suffix):
+            return path[: -len(suffix)]
+    return _DATA.sub("", path)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileName:
+    """What a file name in a checkpoint directory says: the checkpoint it belongs to and how."""
+
+    stem: str  # ckpt-12
+    kind: str  # "index", "data", "metadata", "temp" (a save in flight), "state-temp"
+    replaced: str | None  # the stamp of a checkpoint moved aside, if it was
+    in_flight: bool  # a temporary file of a write in flight (or interrupted)
+
+
+def parse_file_name(name: str) -> FileName | None:
+    """Classifies one name of a checkpoint directory; None for a name tfdist does not write."""
+    if name.startswith(STATE_FILE + ".tmp"):
+        return FileName(stem=name, kind="state-temp", replaced=None, in_flight=True)
+    match = _FILE.match(name)
+    if match is None:
+        return None
+    kind = match.group("kind")
+    kind = {".index": "index", METADATA_SUFFIX: "metadata", "_temp": "temp"}.get(kind, "data")
+    tail = match.group("tail")
+    replaced = _REPLACED.search(tail)
+    return FileName(
+        stem=match.group("stem"), kind=kind, replaced=replaced.group(1) if replaced else None,
+        in_flight=kind == "temp" or ".tmp" in tail,
+    )
+
+
+def _escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def reader(prefix: str):
+    """TensorFlow's reader of the checkpoint ``prefix`` (its tensors, shapes and dtypes).
+
+    ``tf.train.load_checkpoint`` is not used: it first asks whether ``prefix`` is a directory,
+    which some filesystems (``ram://``) answer yes for any prefix."""
+    import tensorflow as tf
+
+    return tf.compat.v1.train.NewCheckpointReader(prefix)
+
+
+# --- the state file --------------------------------------------------------------------------
+def checkpoint_paths(directory: str) -> list[str]:
+    """The complete checkpoints of ``directory``, oldest first, as its state file names them
+    (read as text: listing needs no TensorFlow for a local directory). [] without a state file."""
+    try:
+        lines = storage.read_text(state_path(directory)).splitlines()
+    except OSError:
+        return []
+    latest, paths = None, []
+    for line in lines:
+        match = _STATE_LINE.match(line.strip())
+        if match:
+            path = match.group(2).encode().decode("unicode_escape")
+            path = path if storage.is_url(path) or path.startswith("/") else storage.join(directory, path)
+            if match.group(1) == "model_checkpoint_path":
+                latest = path
+            else:
+                paths.append(path)
+    return paths or ([latest] if latest else [])
+
+
+# --- metadata --------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunMetadata:
+    """What a run is. The ``MUST_MATCH`` fields decide whether a checkpoint belongs to this run
+    (a resume continues only the same run, unless ``allow_changes``); the others are recorded
+    for people and tools."""
+
+    global_batch_size: int
+    data_fingerprint: str
+    model_fingerprint: str
+    seed: int
+    shuffle: bool = True
+    strategy: str | None = None
+    num_replicas: int | None = None
+    num_workers: int | None = None
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    steps_per_epoch: int | None = None
+    epochs: int | None = None
+    tfdist_version: str | None = None
+    tensorflow_version: str | None = None
+
+    MUST_MATCH: ClassVar[tuple[str, ...]] = (
+        "global_batch_size", "data_fingerprint", "model_fingerprint", "seed", "shuffle",
+    )
+
+    def differences(self, saved: "Metadata") -> list[str]:
+        """One line per must-match field that differs from the checkpoint's."""
+        mine = self.to_json()
+        return [
+            f"{key}: checkpoint {saved.raw.get(key)!r}, this run {mine[key]!r}"
+            for key in self.MUST_MATCH
+            if saved.raw.get(key) != mine[key]
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _typed(value: Any, kind: type | tuple[type, ...]) -> Any:
+    return value if isinstance(value, kind) and not (kind is not bool and isinstance(value, bool)) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Metadata:
+    """The content of ``ckpt-<step>.tfdist.json``: the run's fields (``RunMetadata``) and its
+    progress at that checkpoint. Accessors return None for a key that is missing or mistyped
+    (a damaged or foreign file); ``raw`` is the whole JSON object."""
+
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, run: RunMetadata, *, global_step: int, epoch: int, step_in_epoch: int, complete: bool,
+           history: list[dict]) -> "Metadata":
+        return cls(dict(
+            run.to_json(), format=FORMAT, global_step=global_step, epoch=epoch, step_in_epoch=step_in_epoch,
+            complete=complete, history=history, saved_at=time.time(),
+        ))
+
+    @property
+    def global_step(self) -> int | None:
+        return _typed(self.raw.get("global_step"), int)
+
+    @property
+    def epoch(self) -> int | None:
+        return _typed(self.raw.get("epoch"), int)
+
+    @property
+    def step_in_epoch(self) -> int | None:
+        return _typed(self.raw.get("step_in_epoch"), int)
+
+    @property
+    def complete(self) -> bool | None:
+        """Whether the run had finished all its epochs when this checkpoint was saved."""
+        return _typed(self.raw.get("complete"), bool)
+
+    @property
+    def saved_at(self) -> float | None:
+        return _typed(self.raw.get("saved_at"), (int, float))
+
+    @property
+    def history(self) -> list[dict]:
+        """Every finished epoch's logs, earlier runs included."""
+        history = self.raw.get("history")
+        return list(history) if isinstance(history, list) else []
+
+    @property
+    def seed(self) -> int | None:
+        return _typed(self.raw.get("seed"), int)
+
+    @property
+    def epochs(self) -> int | None:
+        """How many epochs the run that saved it was asked for."""
+        return _typed(self.raw.get("epochs"), int)
+
+    def run_value(self, field: str) -> Any:
+        """The value of a ``RunMetadata`` field as saved (None if absent)."""
+        if field not in {f.name for f in dataclasses.fields(RunMetadata)}:
+            raise KeyError(f"{field!r} is not a RunMetadata field")
+        return self.raw.get(field)
+
+    def run(self) -> RunMetadata:
+        """The run this checkpoint belongs to, as a ``RunMetadata`` (e.g. to save more checkpoints of it)."""
+        fields = {f.name for f in dataclasses.fields(RunMetadata)}
+        return RunMetadata(**{k: v for k, v in self.raw.items() if k in fields})
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+
+def read_metadata(prefix: str) -> Metadata | None:
+    """The metadata of the checkpoint ``prefix``; None if the file is missing or not a JSON object."""
+    try:
+        raw = json.loads(storage.read_text(metadata_path(prefix)))
+    except (OSError, ValueError):
+        return None
+    return Metadata(raw) if isinstance(raw, dict) else None
+
+
+def write_metadata(prefix: str, metadata: Metadata) -> None:
+    storage.write_atomic(metadata_path(prefix), json.dumps(metadata.to_json(), indent=1, sort_keys=True, default=float))
+
+
+def metadata_files(directory: str) -> list[str]:
+    """Every ``ckpt-*.tfdist.json`` of ``directory``."""
+    return storage.glob_names(directory, f"{CHECKPOINT_NAME}-*{METADATA_SUFFIX}")
+
+
+def latest_metadata(directory: str) -> Metadata | None:
+    """The metadata of the newest complete checkpoint in ``directory``, if any."""
+    paths = checkpoint_paths(directory)
+    return read_metadata(paths[-1]) if paths else None

@@ -1,0 +1,121 @@
+"""Each replica's own value of every on-read variable, kept in a checkpoint and put back per replica.
+
+Under mirrored and multi_worker_mirrored an on-read-synchronized variable has one value per
+replica: BatchNormalization's moving statistics (``MEAN`` aggregation), every metric's
+accumulators (``SUM``), anything a layer or optimizer creates that way. A plain checkpoint
+keeps only the aggregate -- the mean, the sum -- and restores it into every replica (a sum
+divided by the replicas), so a resumed run continues from values no replica had: its
+statistics and metrics then differ from an uninterrupted run's in their last bits.
+
+``ReplicaValues`` keeps every replica's value instead: one ``[replicas, ...]`` variable per
+on-read variable, filled by gathering each replica's value (from every worker: a collective,
+so every worker captures at the same step), and scattered back row by row after a restore.
+Its variables are named after the replica count, so a checkpoint of another replica count
+simply does not match: the aggregates are then restored, which is all a different topology
+can use (see the README's "elastic" resume).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Sequence
+
+from tfdist.checkpoint import layout
+
+log = logging.getLogger("tfdist")
+
+
+def _is_on_read(variable: Any) -> bool:
+    import tensorflow as tf
+
+    return (
+        isinstance(variable, tf.distribute.DistributedValues)
+        and getattr(variable, "synchronization", None) == tf.VariableSynchronization.ON_READ
+    )
+
+
+def on_read_variables(*roots: Any) -> list[Any]:
+    """Every on-read distributed variable reachable from ``roots`` (a model, an optimizer, metrics),
+    once each, in a deterministic order (the checkpoint's own traversal)."""
+    import tensorflow as tf
+
+    found, seen = [], set()
+    root = tf.train.Checkpoint(**{f"r{i}": r for i, r in enumerate(roots)})  # the view holds it weakly
+    for obj in tf.train.TrackableView(root).descendants():
+        if _is_on_read(obj) and id(obj) not in seen:
+            seen.add(id(obj))
+            found.append(obj)
+    return found
+
+
+class ReplicaValues:
+    """Every replica's value of ``variables``, as checkpointable ``[replicas, ...]`` variables.
+
+    Create it with ``ReplicaValues.of``, which gives None when there is nothing per replica
+    (one device, parameter servers, central storage, no on-read variable)."""
+
+    def __init__(self, strategy, variables: Sequence[Any], *, name: str):
+        import tensorflow as tf
+
+        self.name = name
+        self.strategy = strategy
+        self.replicas = strategy.num_replicas_in_sync
+        self.variables = list(variables)
+        self.module = tf.Module(name=name)
+        self.shadows = []
+        with tf.init_scope():
+            for j, variable in enumerate(self.variables):
+                shadow = tf.Variable(tf.zeros([self.replicas, *variable.shape], variable.dtype), trainable=False,
+                                     name=f"replica_value_{j}")
+                setattr(self.module, self.key(j), shadow)
+                self.shadows.append(shadow)
+        variables, shadows = self.variables, self.shadows
+
+        @tf.function
+        def gather():
+            # In replica context an on-read variable reads as this replica's own value.
+            local = strategy.run(lambda: [tf.expand_dims(tf.identity(v), 0) for v in variables])
+            return [strategy.gather(value, axis=0) for value in local]
+
+        @tf.function
+        def scatter():
+            def assign():
+                replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+                for variable, shadow in zip(variables, shadows):
+                    variable.assign(tf.gather(shadow, replica))
+
+            strategy.run(assign)
+
+        self._gather, self._scatter = gather, scatter
+
+    @classmethod
+    def of(cls, strategy, variables: Iterable[Any], *, name: str) -> "ReplicaValues | None":
+        """A ReplicaValues for the on-read ones of ``variables`` under ``strategy``, or None if none is."""
+        import tensorflow as tf
+
+        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+            return None  # asynchronous: no per-replica promise to keep
+        on_read = [v for v in variables if _is_on_read(v)]
+        return cls(strategy, on_read, name=name) if on_read else None
+
+    def key(self, j: int) -> str:
+        return f"r{self.replicas}_v{j}"  # a checkpoint of another replica count does not match
+
+    def capture(self) -> None:
+        """Copies every replica's values into the checkpointed variables (a collective under
+        multi_worker_mirrored: every worker calls it at the same step)."""
+        for shadow, value in zip(self.shadows, self._gather()):
+            shadow.assign(value)
+
+    def saved_in(self, path: str) -> bool:
+        """Whether the checkpoint ``path`` holds these values for this replica count."""
+        wanted = f"{self.name}/{self.key(0)}/"
+        return any(wanted in name for name in layout.reader(path).get_variable_to_shape_map())
+
+    def restore(self, path: str) -> bool:
+        """Puts each replica's values back from the (already restored) variables, if ``path``
+        holds them for this replica count; False otherwise (the aggregates stay)."""
+        if not self.saved_in(path):
+            return False
+        self._scatter()
+        return True

@@ -1,0 +1,242 @@
+"""Files and directories on any TensorFlow filesystem: local paths, ``gs://``, ``hdfs://``, ``ram://``...
+
+Every read, write, listing and removal tfdist does in a checkpoint or output directory goes
+through this module. A path with a scheme (``gs://bucket/run``) goes through
+``tf.io.gfile``, TensorFlow's one API for all of its filesystems; ``os`` and ``open`` on such
+a path would silently act on a local folder named ``gs:``. A local path goes through ``os``,
+which behaves the same and lets commands such as ``tfdist ckpt list`` answer without
+importing TensorFlow.
+
+Writes are atomic where the filesystem allows: a temporary file renamed over the target on
+local disks and HDFS; a single object write on object stores (``gs://``, ``s3://``), where a
+rename is a copy and an object appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import re
+import shutil
+import uuid
+
+from tfdist.errors import StorageError, describe
+
+_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
+OBJECT_STORES = ("gs", "s3")
+"""Schemes whose single object writes are atomic and whose renames are copies."""
+
+
+def scheme(path: str) -> str | None:
+    """The URL scheme of ``path`` (``gs`` for ``gs://b/x``), or None for a local path."""
+    match = _SCHEME.match(os.fspath(path))
+    return match.group("scheme").lower() if match else None
+
+
+def is_url(path: str) -> bool:
+    return scheme(path) is not None
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def join(path: str, *parts: str) -> str:
+    """``os.path.join`` for local paths, ``/``-joined for URLs."""
+    path = os.fspath(path)
+    return posixpath.join(path, *parts) if is_url(path) else os.path.join(path, *parts)
+
+
+def basename(path: str) -> str:
+    path = os.fspath(path)
+    return posixpath.basename(path.rstrip("/")) if is_url(path) else os.path.basename(path)
+
+
+def dirname(path: str) -> str:
+    path = os.fspath(path)
+    return posixpath.dirname(path.rstrip("/")) if is_url(path) else os.path.dirname(path)
+
+
+def absolute(path: str) -> str:
+    """An absolute, normalized local path; a URL unchanged (``os.path.abspath`` would make
+    ``ram://x`` into ``<cwd>/ram:/x``)."""
+    path = os.fspath(path)
+    return path.rstrip("/") if is_url(path) else os.path.abspath(path)
+
+
+def check_supported(path: str, *, what: str = "checkpoint_dir") -> None:
+    """Raises StorageError if TensorFlow has no filesystem for the scheme of ``path``."""
+    name = scheme(path)
+    if name is None:
+        return
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.exists(path)
+    except tf.errors.UnimplementedError:
+        fix = (
+            "install tensorflow-io (`pip install tensorflow-io`), which adds s3:// and more, then import it"
+            if name in ("s3", "hdfs", "az", "http", "https")
+            else "use a local path or a scheme TensorFlow supports (gs://, hdfs://, ram:// for tests)"
+        )
+        raise StorageError(
+            f"TensorFlow has no filesystem for the scheme {name}://; received {what}={path!r}. Fix: {fix}."
+        ) from None
+    except tf.errors.OpError as e:  # reachable scheme, other trouble (credentials, ...): name it
+        raise StorageError(
+            f"cannot reach {path!r} ({describe(e)}); received {what}={path!r}. "
+            "Fix: check the path and your credentials for that storage."
+        ) from None
+
+
+def exists(path: str) -> bool:
+    return _gfile().exists(path) if is_url(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+    return _gfile().isdir(path) if is_url(path) else os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+    return exists(path) and not isdir(path)
+
+
+def makedirs(path: str) -> None:
+    if is_url(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def listdir(path: str) -> list[str]:
+    """The names (not paths) in directory ``path``, sorted; a sub-directory's name has no trailing ``/``."""
+    if is_url(path):
+        return sorted(name.rstrip("/") for name in _gfile().listdir(path))
+    return sorted(os.listdir(path))
+
+
+def glob_names(directory: str, pattern: str) -> list[str]:
+    """The paths in ``directory`` whose names match the shell ``pattern`` (no recursion), sorted."""
+    if not isdir(directory):
+        return []
+    return [join(directory, name) for name in listdir(directory) if fnmatch.fnmatchcase(name, pattern)]
+
+
+def size(path: str) -> int:
+    """Bytes of a file, or of every file below a directory; 0 if it vanished."""
+    try:
+        if isdir(path):
+            return sum(size(join(path, name)) for name in listdir(path))
+        return _gfile().stat(path).length if is_url(path) else os.path.getsize(path)
+    except (OSError, _not_found()):
+        return 0
+
+
+def mtime(path: str) -> float | None:
+    """Seconds since the epoch of the last change of ``path``; None if unknown."""
+    try:
+        return _gfile().stat(path).mtime_nsec / 1e9 if is_url(path) else os.path.getmtime(path)
+    except (OSError, _not_found()):
+        return None
+
+
+def read_bytes(path: str) -> bytes:
+    """The content of ``path``; raises OSError (FileNotFoundError if it is missing)."""
+    if not is_url(path):
+        with open(path, "rb") as f:
+            return f.read()
+    import tensorflow as tf
+
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read()
+    except tf.errors.NotFoundError as e:
+        raise FileNotFoundError(2, "No such file", path) from e
+    except tf.errors.OpError as e:
+        raise OSError(f"{type(e).__name__}: {e}") from e
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def write_atomic(path: str, data: str | bytes) -> None:
+    """Writes ``data`` to ``path`` so that readers see the old content or the new, never a part."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    if not is_url(path):
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+        return
+    gfile = _gfile()
+    if scheme(path) in OBJECT_STORES:
+        with gfile.GFile(path, "wb") as f:  # one object write: atomic on an object store
+            f.write(payload)
+        return
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with gfile.GFile(tmp, "wb") as f:
+        f.write(payload)
+    gfile.rename(tmp, path, overwrite=True)
+
+
+def rename(source: str, target: str) -> None:
+    """Moves ``source`` to ``target`` (replacing it)."""
+    if is_url(source):
+        _gfile().rename(source, target, overwrite=True)
+    else:
+        os.replace(source, target)
+
+
+def remove(path: str) -> None:
+    """Removes a file; a file that is already gone is not an error."""
+    try:
+        if is_url(path):
+            _gfile().remove(path)
+        else:
+            os.remove(path)
+    except (FileNotFoundError, _not_found()):
+        pass
+
+
+def rmtree(path: str) -> None:
+    """Removes a directory and everything below it; a missing one is not an error."""
+    if is_url(path):
+        try:
+            _gfile().rmtree(path)
+        except _not_found():
+            pass
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def check_writable(directory: str, *, what: str = "checkpoint_dir") -> None:
+    """Creates ``directory`` and writes and removes a small file there; raises StorageError if
+    that fails, naming the directory and the reason."""
+    check_supported(directory, what=what)
+    probe = join(directory, f".tfdist-write-test-{uuid.uuid4().hex[:8]}")
+    try:
+        makedirs(directory)
+        write_atomic(probe, b"")
+        remove(probe)
+    except Exception as e:  # noqa: BLE001 -- OSError locally, tf.errors.OpError elsewhere
+        reason = getattr(e, "strerror", None) or describe(e)
+        raise StorageError(
+            f"the {what} is not writable; received {what}={directory!r} ({reason}). "
+            "Fix: choose a directory you can write to, or fix its permissions."
+        ) from None
+
+
+def _not_found() -> type[Exception]:
+    """TensorFlow's NotFoundError when TensorFlow is loaded, else an exception never raised."""
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    return tf.errors.NotFoundError if tf is not None and hasattr(tf, "errors") else _Never
+
+
+class _Never(Exception):
+    pass

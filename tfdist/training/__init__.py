@@ -1,0 +1,8 @@
+"""Training: ``fit`` as named phases (``run``), the controller around every step (``controller``),
+the tf_keras callback that reports to it (``callback``), the model side (``model``), preemption,
+fault injection, the summary, and the sidecar evaluator."""
+
+from tfdist.training.run import fit
+from tfdist.training.summary import FitSummary
+
+__all__ = ["fit", "FitSummary"]

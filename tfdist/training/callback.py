@@ -1,0 +1,56 @@
+"""The tf_keras callback that connects Keras' ``fit`` loop to tfdist's training controller.
+
+It hooks into tf_keras at two points its own ``BackupAndRestore`` uses: ``model._training_state``
+(``maybe_load_initial_counters_from_ckpt`` tells ``fit`` the epoch and step to start at) and
+``_supports_tf_logs`` (batch hooks run under parameter servers too).
+"""
+
+from __future__ import annotations
+
+import tf_keras
+from tf_keras.src.utils import tf_utils
+
+from tfdist.training.controller import Controller
+
+
+class _StartAt:
+    """Tells tf_keras' fit loop the (epoch, step) to start at."""
+
+    def __init__(self, epoch: int, step: int):
+        self.epoch, self.step = epoch, step
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        return self.epoch, self.step
+
+
+class TrainingCallback(tf_keras.callbacks.Callback):
+    """Reports tf_keras' batch and epoch boundaries to a ``Controller``; starts a resumed run mid-epoch."""
+
+    def __init__(self, controller: Controller):
+        super().__init__()
+        # Batch logs are never read here, so tf_keras may pass them unresolved: this is
+        # what lets the batch hooks (step-level saves) run under ParameterServerStrategy.
+        self._supports_tf_logs = True
+        self.controller = controller
+
+    def on_train_begin(self, logs=None):
+        start = self.controller.start
+        if start.mid_epoch:
+            self.model._training_state = _StartAt(start.epoch, start.step_in_epoch)
+        self.controller.on_train_begin()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        resumed = isinstance(self.model._training_state, _StartAt)
+        if resumed:
+            self.model._training_state = None
+        self.controller.on_epoch_begin(epoch, resumed_mid_epoch=resumed)  # Keras has just reset the metrics
+
+    def on_train_batch_end(self, batch, logs=None):
+        # ``batch`` is the last step of this call within the epoch (steps_per_execution > 1: every k-th).
+        self.controller.on_step_end(self.controller.epoch * self.controller.steps_per_epoch + batch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.controller.on_epoch_end(epoch, tf_utils.sync_to_numpy_or_python_type(logs or {}))
+
+    def on_train_end(self, logs=None):
+        self.controller.on_train_end(stopped_early=bool(self.model.stop_training))

@@ -1,0 +1,395 @@
+"""``tfdist.fit``: a training run as named phases, from the cluster to the summary.
+
+1. cluster and strategy   -- which task this is, whether it trains here, the strategy;
+2. data plan              -- the source, batch sizes and steps: the run's shape;
+3. model in scope         -- the compiled model built inside the strategy, its state created;
+4. checkpoints            -- the checkpointer, and the point to resume from;
+5. datasets               -- the input pipelines from that point on;
+6. run                    -- Keras' fit with tfdist's controller around every step;
+7. summary                -- the History of every epoch and a ``FitSummary``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import time
+from typing import Any, Sequence
+
+from tfdist import _checks, storage
+from tfdist import data as data_mod
+from tfdist import env
+from tfdist import strategy as strategy_mod
+from tfdist.checkpoint import Checkpointer, CheckpointOptions, ResumePoint, RunMetadata
+from tfdist.checkpoint import layout
+from tfdist.cluster import EVALUATOR, ClusterSpec, detect
+from tfdist.errors import DataError, ModelError, PeerUnavailableError, describe
+from tfdist.training import model as model_mod
+from tfdist.training.controller import Controller, SavePolicy
+from tfdist.training.faults import Faults
+from tfdist.training.preemption import Agreement, Preempted, Preemption, PreemptionWatcher
+from tfdist.training.summary import FitSummary, summarize
+
+log = logging.getLogger("tfdist")
+
+
+def fit(
+    model: Any,
+    data: Any,
+    *,
+    epochs: int = 1,
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    steps_per_epoch: int | None = None,
+    strategy: Any = "auto",
+    validation_data: Any = None,
+    callbacks: Sequence[Any] | None = None,
+    seed: int | None = None,
+    deterministic: bool = False,
+    verbose: int | str = "auto",
+    shuffle: bool = True,
+    grad_accum_steps: int = 1,
+    mixed_precision: str | None = None,
+    checkpoint_dir: str | None = None,
+    save_every_steps: int | None = None,
+    save_every_seconds: float | None = None,
+    keep: int = 3,
+    keep_every_hours: float | None = None,
+    async_save: bool = True,
+    resume: bool = True,
+    allow_changes: bool = False,
+    devices: Sequence[str] | None = None,
+    all_reduce: str = "auto",
+    bytes_per_pack: int = 0,
+    collective_timeout: float | None = None,
+    cluster: ClusterSpec | None = None,
+):
+    """Trains ``model`` on ``data`` with the strategy the cluster calls for; returns Keras' History.
+
+    Every process of a cluster runs the same call. On the ``ps`` and ``worker`` tasks of a
+    parameter-server cluster it serves until stopped (and returns None); everywhere else it trains.
+
+    Args:
+      model: a function that builds and compiles a tf_keras model (called inside the
+        strategy's scope), or a compiled tf_keras Sequential or functional model.
+      data: ``(x, y)`` NumPy arrays, an unbatched ``tf.data.Dataset`` of ``(x, y)``, or a
+        name: ``"digits"``, ``"tfds:NAME"``, or a path to an ``.npz`` with ``x`` and ``y``.
+      batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
+        batch. Give one; global = grad_accum_steps x replicas x micro batch.
+      checkpoint_dir: enables checkpoints (every ``save_every_steps`` steps / every
+        ``save_every_seconds`` seconds, at each epoch end and at the end) and, with
+        ``resume``, continues from the latest one at the exact step and batch. A local
+        path or a URL of any TensorFlow filesystem (``gs://bucket/run``).
+
+    On SIGTERM or SIGUSR1 the state is saved at the current step and the process exits
+    with code 75 (``tfdist.env.EXIT_PREEMPTED``); running the same call again resumes.
+    """
+    wall_start = time.monotonic()
+    _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks)
+    options = _checkpoint_options(
+        checkpoint_dir, save_every_steps=save_every_steps, save_every_seconds=save_every_seconds, keep=keep,
+        keep_every_hours=keep_every_hours, async_save=async_save, resume=resume, allow_changes=allow_changes,
+    )
+    # 1. Cluster and strategy.
+    cluster = detect() if cluster is None else cluster
+    _check_role(cluster)
+    if not strategy_mod.trains_here(strategy, cluster):
+        strategy_mod.serve(cluster)  # ps and worker tasks of a parameter-server cluster
+        return None
+    seed = _seed(seed, deterministic=deterministic, options=options)
+    strat = strategy_mod.make_strategy(
+        strategy, cluster=cluster, devices=devices, all_reduce=all_reduce, bytes_per_pack=bytes_per_pack,
+        collective_timeout=collective_timeout,
+    )
+    traits = strategy_mod.traits(strat, cluster)
+    # 2. Data plan.
+    shape = _data_plan(
+        data, validation_data, strat, epochs=epochs, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
+        grad_accum_steps=grad_accum_steps, steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle,
+    )
+    # 3. Model in scope.
+    built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
+    # 4. Checkpoints and the point to resume from.
+    checkpointer, point = _checkpoints(options, built, strat, traits, shape, cluster)
+    if point is not None and _is_complete(point, shape):
+        return _already_complete(point, checkpointer, strat, traits, shape, wall_start=wall_start)
+    start_step = point.global_step if point is not None else 0
+    # 5. Datasets.
+    train_data, val_data, validation_steps = _datasets(strat, traits, shape, start_step=start_step)
+    # 6. Run.
+    controller = _controller(built, checkpointer, options, strat, traits, cluster, shape, start_step=start_step,
+                             history=point.metadata.history if point is not None else [])
+    keras_history = _run(built, controller, cluster, traits, shape, train_data, val_data, validation_steps,
+                         callbacks=callbacks, verbose=verbose, checkpointer=checkpointer)
+    # 7. Summary.
+    history = model_mod.merged_history(controller.history, keras_history)
+    history.tfdist = summarize(
+        strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
+        sizes=shape.sizes, plan=shape.plan, global_step=controller.global_step, start_step=start_step,
+        resumed_from=point.path if point is not None else None, history=controller.history,
+        train_seconds=controller.train_seconds, wall_seconds=time.monotonic() - wall_start,
+        checkpoint_dir=checkpoint_dir,
+    )
+    return history
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """The run's shape: what it trains on, in which batches, for how many steps."""
+
+    source: Any
+    validation: Any
+    sizes: data_mod.BatchSizes
+    plan: data_mod.DataPlan
+
+
+# --- 0. arguments ------------------------------------------------------------------------------
+def _check_arguments(*, model, epochs, grad_accum_steps, callbacks) -> None:
+    """Refuses, before anything starts, what can never work."""
+    _checks.check_int("epochs", epochs, error=DataError)
+    _checks.check_int("grad_accum_steps", grad_accum_steps, error=DataError)
+    model_mod.check_argument(model)
+    model_mod.check_callbacks(callbacks)
+
+
+def _checkpoint_options(checkpoint_dir, **kwargs) -> CheckpointOptions | None:
+    """The checkpoint options (validated, the directory's filesystem too), or None without a
+    checkpoint directory."""
+    if checkpoint_dir is None:
+        return None
+    options = CheckpointOptions(directory=checkpoint_dir, **kwargs)
+    storage.check_supported(options.directory)
+    return options
+
+
+# --- 1. cluster and strategy -----------------------------------------------------------------
+def _check_role(cluster: ClusterSpec) -> None:
+    """The evaluator does not train: it runs ``tfdist train``'s sidecar."""
+    if cluster.task_type == EVALUATOR:
+        raise ModelError(
+            "tfdist.fit does not train on the evaluator task; received task evaluator:0. "
+            "Fix: run `tfdist train` there (it evaluates each new checkpoint), or leave the evaluator out."
+        )
+
+
+def _seed(seed: int | None, *, deterministic: bool, options: CheckpointOptions | None) -> int:
+    """The run's seed: given, else the resumed run's own (its data order continues), else a
+    fresh one (logged). Seeds Python, NumPy and TensorFlow; switches on op determinism."""
+    import tensorflow as tf
+
+    if seed is None and options is not None and options.resume:
+        saved = layout.latest_metadata(options.directory)
+        seed = saved.seed if saved is not None else None
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+        log.info("seed %d (pass seed= to make the run reproducible)", seed)
+    model_mod.set_seed(seed)
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return seed
+
+
+# --- 2. data plan ------------------------------------------------------------------------------
+def _data_plan(data, validation_data, strat, *, epochs, batch_size, per_replica_batch_size, grad_accum_steps,
+               steps_per_epoch, seed, shuffle) -> _Shape:
+    """Reads the data's description (not the data), resolves the batch sizes and the steps."""
+    if isinstance(data, str):
+        source, default_validation = data_mod.load(data)
+        validation_data = default_validation if validation_data is None else validation_data
+    else:
+        source = data_mod.as_source(data)
+    sizes = data_mod.BatchSizes.resolve(
+        num_replicas=strat.num_replicas_in_sync, batch_size=batch_size,
+        per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
+    )
+    spe = data_mod.steps_per_epoch_for(source, sizes, steps_per_epoch)
+    plan = data_mod.DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=epochs, seed=seed, shuffle=shuffle)
+    if isinstance(source, data_mod.StreamSource):
+        log.warning(
+            "data is a tf.data.Dataset: it must yield the same elements in the same order on every pass; "
+            "resuming mid-epoch skips the batches already trained on, which takes time proportional to the position"
+        )
+    log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), spe, epochs)
+    validation = data_mod.as_source(validation_data) if validation_data is not None else None
+    return _Shape(source=source, validation=validation, sizes=sizes, plan=plan)
+
+
+# --- 3. model in scope -------------------------------------------------------------------------
+def _model_in_scope(model, strat, traits: strategy_mod.Traits, shape: _Shape, *, precision: str):
+    """The compiled model with its variables in ``strat``, its optimizer slots, metrics and
+    accumulation step created now, so that a checkpoint restores into them."""
+    built = model_mod.resolve(model, strat, precision=precision)
+    accum = shape.sizes.grad_accum_steps
+    if not traits.synchronous and accum > 1:
+        raise ModelError(
+            f"gradient accumulation needs a synchronous strategy; received grad_accum_steps={accum} under "
+            f"{traits.name}. Fix: use a synchronous strategy, or a larger per-worker batch instead."
+        )
+    model_mod.install_grad_accumulation(built, accum)
+    model_mod.build_state(built, shape.source.sample(shape.sizes.micro_batch_size))
+    return built
+
+
+# --- 4. checkpoints ----------------------------------------------------------------------------
+def _checkpoints(options, built, strat, traits, shape: _Shape, cluster) -> tuple[Checkpointer | None, ResumePoint | None]:
+    """The checkpointer of this task and the checkpoint restored, if any (every worker restores)."""
+    if options is None:
+        return None, None
+    import tensorflow as tf
+
+    import tfdist
+
+    sizes, plan = shape.sizes, shape.plan
+    run = RunMetadata(
+        global_batch_size=sizes.global_batch_size,
+        data_fingerprint=shape.source.fingerprint(),
+        model_fingerprint=model_mod.model_fingerprint(built),
+        seed=plan.seed,
+        shuffle=plan.shuffle,
+        strategy=traits.name,
+        num_replicas=strat.num_replicas_in_sync,
+        num_workers=traits.step_tasks,
+        micro_batch_size=sizes.micro_batch_size,
+        grad_accum_steps=sizes.grad_accum_steps,
+        steps_per_epoch=plan.steps_per_epoch,
+        epochs=plan.epochs,
+        tfdist_version=tfdist.__version__,
+        tensorflow_version=tf.__version__,
+    )
+    checkpointer = Checkpointer(
+        options=options, model=built, generators=model_mod.random_generators(built), is_chief=cluster.is_chief,
+        task_name=cluster.task_name, run_metadata=run,
+    )
+    point = checkpointer.restore()
+    if point is not None:
+        spe = plan.steps_per_epoch
+        log.info("resuming from %s: global step %d (epoch %d, step %d of %d)", point.path, point.global_step,
+                 point.global_step // spe, point.global_step % spe, spe)
+    return checkpointer, point
+
+
+def _is_complete(point: ResumePoint, shape: _Shape) -> bool:
+    """A complete run is done, unless it is asked for more epochs than it ran."""
+    return bool(point.metadata.complete) and (
+        point.global_step >= shape.plan.total_steps or point.metadata.epochs == shape.plan.epochs
+    )
+
+
+def _already_complete(point: ResumePoint, checkpointer: Checkpointer, strat, traits, shape: _Shape, *, wall_start):
+    log.info("the run in %s is already complete at step %d; nothing to train", checkpointer.options.directory,
+             point.global_step)
+    checkpointer.close()
+    history = model_mod.merged_history(point.metadata.history)
+    history.tfdist = summarize(
+        strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
+        sizes=shape.sizes, plan=shape.plan, global_step=point.global_step, start_step=point.global_step,
+        resumed_from=point.path, history=point.metadata.history, train_seconds=0.0,
+        wall_seconds=time.monotonic() - wall_start, checkpoint_dir=checkpointer.options.directory, completed=True,
+    )
+    return history
+
+
+# --- 5. datasets -------------------------------------------------------------------------------
+def _datasets(strat, traits: strategy_mod.Traits, shape: _Shape, *, start_step: int):
+    """(training data, validation data, validation steps) from ``start_step`` on.
+
+    Synchronous strategies: one distributed dataset, every pipeline feeding its own replicas.
+    Coordinated (parameter servers): a dataset creator run on every worker; validation is
+    read whole by each worker, repeated, with its steps counted."""
+    import tf_keras
+
+    plan, sizes = shape.plan, shape.sizes
+    if traits.coordinated:
+        train = tf_keras.utils.experimental.DatasetCreator(
+            data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True)
+        )
+    else:
+        train = strat.distribute_datasets_from_function(
+            data_mod.dataset_fn(shape.source, plan, start_step=start_step, stop_step=plan.total_steps)
+        )
+    if shape.validation is None:
+        return train, None, None
+    batch = sizes.global_batch_size // sizes.grad_accum_steps
+    validation = data_mod.validation_dataset(shape.validation, batch)
+    steps = None
+    if traits.coordinated:
+        # Each worker reads its own copy: repeat it, and count the steps (approximate: the
+        # batches a worker evaluates depend on scheduling).
+        validation = validation.repeat()
+        steps = max(1, -(-(shape.validation.num_examples or batch) // batch))
+    return train, validation, steps
+
+
+# --- 6. run ------------------------------------------------------------------------------------
+def _controller(built, checkpointer, options, strat, traits, cluster, shape: _Shape, *, start_step,
+                history) -> Controller:
+    """The controller of this task: step counting, saves, preemption (agreed across workers)."""
+    agreement = Agreement(strat, is_chief=cluster.is_chief) if traits.multi_process else None
+    return Controller(
+        steps_per_epoch=shape.plan.steps_per_epoch,
+        total_steps=shape.plan.total_steps,
+        start_step=start_step,
+        checkpointer=checkpointer,
+        save_policy=SavePolicy(options, checkpointer) if checkpointer is not None else None,
+        preemption=Preemption(watcher=PreemptionWatcher(), agreement=agreement),
+        history=list(history),
+        faults=Faults(task_name=cluster.task_name),
+        before_save=(lambda: model_mod.settle(built)) if traits.coordinated else None,
+    )
+
+
+def _verbosity(verbose, cluster: ClusterSpec):
+    """Only the chief prints progress, unless TFDIST_VERBOSE_WORKERS is set."""
+    quiet = not cluster.is_chief and not env.flag(env.TFDIST_VERBOSE_WORKERS)
+    if verbose == "auto":
+        return 0 if quiet else (1 if os.isatty(1) else 2)
+    return 0 if quiet else verbose
+
+
+def _peer_errors():
+    import tensorflow as tf
+
+    return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError, tf.errors.CancelledError)
+
+
+def _run(built, controller: Controller, cluster, traits, shape: _Shape, train_data, val_data, validation_steps, *,
+         callbacks, verbose, checkpointer):
+    """Runs Keras' fit from the controller's start; a preemption exits with EXIT_PREEMPTED, a lost
+    peer raises PeerUnavailableError. Returns Keras' History (None if there was nothing to run)."""
+    from tfdist.training.callback import TrainingCallback
+
+    plan = shape.plan
+    history = None
+    try:
+        with controller.preemption.watcher:
+            if controller.start.global_step < plan.total_steps:
+                history = built.fit(
+                    train_data,
+                    epochs=plan.epochs,
+                    initial_epoch=controller.start.epoch,
+                    steps_per_epoch=plan.steps_per_epoch,
+                    validation_data=val_data,
+                    validation_steps=validation_steps,
+                    callbacks=[TrainingCallback(controller), *(callbacks or [])],
+                    verbose=_verbosity(verbose, cluster),
+                )
+    except Preempted as e:
+        log.warning("%s; exiting with code %d so the run is restarted", e, env.EXIT_PREEMPTED)
+        if checkpointer is not None:
+            checkpointer.close()
+        raise SystemExit(env.EXIT_PREEMPTED)
+    except _peer_errors() as e:
+        if cluster.num_workers > 1 or traits.coordinated:
+            raise PeerUnavailableError(
+                f"a peer of {cluster.task_name} was lost during training ({describe(e)}). Fix: restart every task (tfdist launch does it); the run resumes "
+                "from its last checkpoint."
+            ) from e
+        raise
+    if checkpointer is not None:
+        checkpointer.close()
+    return history
+
+
+__all__ = ["fit", "FitSummary"]

@@ -62,7 +62,10 @@ def test_the_package_has_no_import_cycle():
 
 
 # Literals that only the checkpoint layout module may spell: file names and metadata keys.
-_LAYOUT_LITERALS = re.compile(r"""["'](\.tfdist\.json|ckpt-|progress/|\.index|_temp|global_step|step_in_epoch|saved_at)["']""")
+_LAYOUT_LITERALS = re.compile(
+    r"""["'](\.tfdist\.json|ckpt-|progress/|\.index|_temp|global_step|step_in_epoch|saved_at|checkpoints|"""
+    r"""/\.ATTRIBUTES/VARIABLE_VALUE)["']"""
+)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "tfdist.checkpoint.layout"))

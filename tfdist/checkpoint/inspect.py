@@ -68,7 +68,7 @@ def checkpoint_dir(path: str) -> str:
     """The checkpoint directory ``path`` names: itself, or the ``checkpoints`` folder inside a
     run's output directory (``tfdist train --output-dir``) when it has no state file of its own."""
     path = storage.absolute(path)
-    inner = storage.join(path, "checkpoints")
+    inner = layout.checkpoint_dir_of(path)
     if storage.isdir(inner) and not storage.exists(layout.state_path(path)) and not _leftovers_exist(path):
         return inner
     return path

@@ -65,6 +65,11 @@ def step_of(prefix: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def checkpoint_dir_of(output_dir: str) -> str:
+    """Where a run's checkpoints go inside its output directory (``tfdist train --output-dir``)."""
+    return storage.join(output_dir, "checkpoints")
+
+
 def state_path(directory: str) -> str:
     return storage.join(directory, STATE_FILE)
 

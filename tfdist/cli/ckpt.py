@@ -132,6 +132,7 @@ def _metadata_lines(metadata: dict) -> list[str]:
 
 def run_inspect(args: argparse.Namespace) -> int:
     from tfdist import storage
+    from tfdist.checkpoint import layout
 
     _quiet.import_tensorflow()
     from tfdist.checkpoint.inspect import inspect_checkpoint
@@ -155,7 +156,7 @@ def run_inspect(args: argparse.Namespace) -> int:
               f"{format_bytes(counts['bytes'])}")
     rows = [["name", "shape", "dtype"]]
     for v in info["variables"]:
-        rows.append([v["name"].removesuffix("/.ATTRIBUTES/VARIABLE_VALUE"), str(v["shape"]), v["dtype"] or "-"])
+        rows.append([layout.short_key(v["name"]), str(v["shape"]), v["dtype"] or "-"])
     print("\n".join("  " + line for line in _table(rows, right=set())))
     return 0
 

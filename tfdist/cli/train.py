@@ -66,7 +66,7 @@ def register(subparsers) -> None:
     dist.add_argument("--bytes-per-pack", type=int, default=0, help="gradient bytes per all-reduce pack (0: TensorFlow decides)")
     dist.add_argument("--collective-timeout", type=_positive_float, default=None, metavar="S", help="fail a collective that takes longer than S seconds")
 
-    ckpt = parser.add_argument_group("checkpoints")
+    ckpt = parser.add_argument_group("checkpointing")
     ckpt.add_argument("--checkpoint-dir", default=None, help="default OUTPUT_DIR/checkpoints")
     ckpt.add_argument("--save-every-steps", type=_positive_int, default=None, metavar="N", help="also save every N steps")
     ckpt.add_argument("--save-every-seconds", type=_positive_float, default=None, metavar="S", help="also save every S seconds")
@@ -102,7 +102,9 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist import storage
 
     storage.check_supported(args.output_dir, what="--output-dir")
-    checkpoint_dir = args.checkpoint_dir or storage.join(args.output_dir, "checkpoints")
+    from tfdist.checkpoint import layout
+
+    checkpoint_dir = args.checkpoint_dir or layout.checkpoint_dir_of(args.output_dir)
     storage.check_supported(checkpoint_dir, what="--checkpoint-dir")
     if args.no_resume:
         from tfdist.checkpoint import refuse_to_start_over

@@ -39,9 +39,33 @@ def test_the_chief_sets_the_agreement_cadence_from_the_measured_step_time(monkey
     assert chief.due(2)  # the first interval is one step: nothing measured yet
     clock["now"] += 0.02  # one step took 20 ms
     assert chief.agree(2, [True, False]) == [True, False]
-    assert not chief.due(51) and chief.due(52)  # 1 s / 20 ms = 50 steps later
+    assert not chief.due(3) and chief.due(4)  # the interval at most doubles: 2 steps
+    step, intervals = 4, []
+    for _ in range(6):  # steps of 1/64 s: 4, 8, 16, 32, then 1 s / (1/64 s) = 64, 64
+        clock["now"] += (step - chief._last[0]) / 64
+        chief.agree(step, [False])
+        intervals.append(chief._next_step - step)
+        step = chief._next_step
+    assert intervals == [4, 8, 16, 32, 64, 64] and not chief.due(step - 1) and chief.due(step)
     worker = preemption.Agreement(tfdist.make_strategy("one_device"), is_chief=False, period=1.0)
     worker.agree(1, [False])
     clock["now"] += 5.0
     worker.agree(2, [False])
     assert worker.due(3)  # alone, a non-chief gets no proposal: every step
+
+
+def test_workers_also_agree_where_every_worker_pauses_anyway(monkeypatch):
+    import tfdist
+
+    clock = {"now": 100.0}
+    monkeypatch.setattr(preemption.time, "monotonic", lambda: clock["now"])
+    agreement = preemption.Agreement(tfdist.make_strategy("one_device"), is_chief=True, period=1.0)
+    unit = preemption.Preemption(watcher=preemption.PreemptionWatcher(), agreement=agreement)
+    assert unit.check(1, timed=False) == (False, False)
+    for step in (2, 4, 8):  # fast steps: the next agreement is far away
+        clock["now"] += 0.001 * step
+        unit.check(step, timed=False)
+    assert not agreement.due(9)
+    unit.watcher._event.set()  # a signal arrived
+    assert unit.check(9, timed=True) == (False, False)  # not an agreed step: no worker acts alone
+    assert unit.check(10, timed=False, boundary=True) == (True, False)  # a save or an epoch's end

@@ -40,10 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (a notebook or a test may
+    replace it after the handler was made; a handler bound to the old one writes to a closed stream)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns it
+        pass
+
+
 def setup_logging(verbose: bool = True) -> None:
     logger = logging.getLogger("tfdist")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("tfdist: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO if verbose else logging.WARNING)

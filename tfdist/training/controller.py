@@ -119,7 +119,7 @@ class Controller:
         by_steps = by_time = False
         if self.save_policy is not None and not end_of_epoch:  # an epoch's last step is saved at epoch end
             by_steps, by_time = self.save_policy.due(step)
-        preempt, by_time = self.preemption.check(step, timed=by_time)
+        preempt, by_time = self.preemption.check(step, timed=by_time, boundary=by_steps or end_of_epoch)
         if preempt and end_of_epoch:
             self._preempt_at_epoch_end = True  # let the epoch validate and record itself first
         elif by_steps or by_time or preempt:

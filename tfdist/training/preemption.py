@@ -99,6 +99,11 @@ class Agreement:
     would cost a quarter of a small model's step): the chief proposes the next agreement
     step from the measured step time, in the same all-reduce. Between agreements no worker
     acts on its flags, so a signal is answered within about ``period`` seconds.
+
+    Steps are not all alike (saves, validation, a slow input pipeline at first), so the
+    interval at most doubles from one agreement to the next, and callers also agree at the
+    steps where every worker pauses anyway (a save by step count, an epoch's end): an
+    estimate made on a few fast steps cannot postpone a signal past them.
     """
 
     def __init__(self, strategy, *, is_chief: bool, period: float | None = None):
@@ -107,19 +112,22 @@ class Agreement:
         self._period = AGREE_PERIOD_SECONDS if period is None else period
         self._next_step: int | None = None  # None: at the first step
         self._last: tuple[int, float] | None = None
+        self._interval = 1
 
     def due(self, step: int) -> bool:
         return self._next_step is None or step >= self._next_step
 
     def agree(self, step: int, flags: list[bool]) -> list[bool]:
-        """For each flag, whether any worker has it set. Call it when ``due(step)``, on every worker."""
+        """For each flag, whether any worker has it set. Call it on every worker at the same
+        steps: those where ``due(step)``, and any others all workers choose alike."""
         now = time.monotonic()
         proposal = 0
         if self._is_chief:
-            proposal = 1 if self._last is None else agree_interval(
-                steps=step - self._last[0], seconds=now - self._last[1], period=self._period)
+            proposal = 1 if self._last is None else min(2 * self._interval, agree_interval(
+                steps=step - self._last[0], seconds=now - self._last[1], period=self._period))
         *totals, interval = sum_over_workers(self._strategy, [1 if f else 0 for f in flags] + [proposal])
-        self._next_step = step + max(1, interval)
+        self._interval = max(1, interval)
+        self._next_step = step + self._interval
         self._last = (step, now)
         return [total > 0 for total in totals]
 
@@ -138,13 +146,14 @@ class Preemption:
         self.watcher = watcher
         self.agreement = agreement
 
-    def check(self, step: int, *, timed: bool) -> tuple[bool, bool]:
+    def check(self, step: int, *, timed: bool, boundary: bool = False) -> tuple[bool, bool]:
         """(preempt, timed): whether to stop for preemption and whether a timed save is due,
-        as every worker sees it at ``step``."""
+        as every worker sees it at ``step``. ``boundary``: a step where every worker pauses
+        anyway (the same on all of them): the workers agree there too."""
         preempt = self.watcher.requested
         if self.agreement is None:
             return preempt, timed
-        if not self.agreement.due(step):
+        if not (boundary or self.agreement.due(step)):
             return False, False
         preempt, timed = self.agreement.agree(step, [preempt, timed])
         return preempt, timed

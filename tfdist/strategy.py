@@ -208,7 +208,8 @@ def choose_all_reduce(
     if num_devices == 1:
         return Choice("reduce_to_one", "one replica: nothing to all-reduce")
     if not all_gpus:
-        return Choice("reduce_to_one", f"{num_devices - num_gpus} of {num_devices} replicas on CPU devices: NCCL needs GPUs")
+        return Choice("reduce_to_one",
+                      f"{num_devices - num_gpus} of {num_devices} replicas on CPU devices: NCCL needs GPUs")
     if nccl_unavailable:
         return Choice("reduce_to_one", f"NCCL cannot run: {nccl_unavailable}")
     return Choice("nccl", f"{num_gpus} GPUs on one machine: NCCL")

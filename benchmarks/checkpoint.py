@@ -70,7 +70,8 @@ def _checkpoint_bytes(prefix: str) -> int:
 
 
 # --- (a) + (c): blocking and bandwidth on the wide model ---------------------------------------
-def saves(workdir: str, reps: int, model_name: str) -> dict:
+def saves(workdir: str, reps: int, model_name: str, device: str = "/cpu:0") -> dict:
+    """(a)/(c) with the model's state on ``device`` (benchmarks/gpu.py passes a GPU)."""
     import numpy as np
     import tensorflow as tf
 
@@ -81,7 +82,7 @@ def saves(workdir: str, reps: int, model_name: str) -> dict:
     from tfdist.training import model as keras_model
 
     train, _ = load_digits()
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    strategy = tf.distribute.OneDeviceStrategy(device)
     model = keras_model.resolve(models.builder(model_name, input_shape=train.example_shape, num_classes=10), strategy)
     keras_model.build_state(model, train.sample(32))
     model.train_on_batch(*train.sample(32))  # non-zero optimizer slots, as in a real run
@@ -160,7 +161,8 @@ def saves(workdir: str, reps: int, model_name: str) -> dict:
             f"{k} {v:.3f} s" for k, v in r.items() if k != "bytes") + f" ({r['bytes'] / 1e6:.0f} MB)", flush=True)
     for ck in checkpointers.values():
         ck.close()
-    return {"model": model_name, "params": params, "checkpoint_bytes": size, "warmup": first, "runs": runs}
+    return {"model": model_name, "params": params, "checkpoint_bytes": size, "warmup": first, "runs": runs,
+            "state_device": model.weights[0].device}
 
 
 # --- (b): throughput with saves --------------------------------------------------------------

@@ -93,10 +93,11 @@ def fit_child(spec: dict) -> None:
     })
 
 
-def run_plan(spec: dict) -> dict:
-    cmd = [sys.executable, "-m", "tfdist", "plan", "--model", spec["model"], "--samples", str(SAMPLES),
+def run_plan(spec: dict, *, samples: int = SAMPLES, extra: tuple[str, ...] = ()) -> dict:
+    """``tfdist plan --measure --json`` of ``spec`` as a user runs it; ``extra``: more flags."""
+    cmd = [sys.executable, "-m", "tfdist", "plan", "--model", spec["model"], "--samples", str(samples),
            "--micro-batch", str(spec["micro"]), "--grad-accum-steps", str(spec["accum"]),
-           "--epochs", str(spec["epochs"]), "--measure", "--strategy", "one_device", "--json"]
+           "--epochs", str(spec["epochs"]), "--measure", "--strategy", "one_device", "--json", *extra]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_common.child_env(), cwd=_common.REPO, timeout=600)
     if proc.returncode:

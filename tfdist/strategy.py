@@ -12,6 +12,10 @@ The ``auto`` rule (``choose``) decides from the detected cluster, in this order:
 ``traits`` answers what a strategy means for the training loop (is it synchronous, does a
 coordinator schedule the steps, how many processes run them), and ``trains_here`` whether
 this task trains or serves, so that callers never branch on strategy names.
+
+The all-reduce of ``mirrored`` and ``multi_worker_mirrored`` is tfdist's own decision too
+(``choose_all_reduce``): ``auto`` picks NCCL for several GPUs, a reduction to one device
+or TensorFlow's ring otherwise; see that function for the order.
 """
 
 from __future__ import annotations
@@ -123,10 +127,142 @@ def choose(cluster: ClusterSpec, *, num_gpus: int) -> Choice:
     return Choice(ONE_DEVICE, "no GPU on this machine; using the CPU")
 
 
+NO_ALL_REDUCE = "none"
+
+
+def nccl_unavailable_reason(*, physical_gpus: int, logical_gpus: int, nccl_kernels: bool) -> str | None:
+    """Why NCCL cannot run on this machine's GPUs, or None if it can. Pure."""
+    if not nccl_kernels:
+        return "this TensorFlow build has no NCCL kernels"
+    if logical_gpus > physical_gpus:
+        # NCCL refuses two ranks on one device; TensorFlow's own default falls back the same way.
+        return (f"the {logical_gpus} GPUs are logical devices carved from {physical_gpus} physical GPU(s), "
+                "and NCCL needs one replica per physical GPU")
+    return None
+
+
+def choose_all_reduce(
+    strategy_name: str,
+    *,
+    requested: str = "auto",
+    num_gpus: int,
+    num_devices: int | None = None,
+    nccl_unavailable: str | None = None,
+) -> Choice:
+    """The all-reduce rule. Pure: needs only the strategy, the request and the local replicas' devices.
+
+    ``num_gpus`` counts the GPUs among this machine's replica devices and ``num_devices``
+    all of them (default: ``num_gpus``, or 1 -- the CPU -- without GPUs);
+    ``nccl_unavailable`` says why NCCL cannot run on these GPUs (``nccl_unavailable_reason``).
+
+    ``mirrored`` with ``auto``, in this order:
+      1. one replica                    -> reduce_to_one (nothing to exchange)
+      2. a replica on a CPU             -> reduce_to_one (NCCL needs GPUs)
+      3. NCCL unavailable here          -> reduce_to_one (TensorFlow's own fallback)
+      4. several GPUs                   -> nccl
+    ``hierarchical_copy`` is only chosen by name (it is built for DGX-1's topology).
+    ``multi_worker_mirrored`` with ``auto``: ``nccl`` when the replicas are GPUs and NCCL can
+    run (TensorFlow's AUTO would use its ring there too), else ``ring``. The other strategies
+    do not all-reduce gradients: ``none``. A name asked for is checked, not changed.
+    """
+    num_devices = num_devices if num_devices is not None else max(num_gpus, 1)
+    all_gpus = 0 < num_devices <= num_gpus
+    if strategy_name == MIRRORED:
+        allowed, cpu_fix = MIRRORED_ALL_REDUCE, "use all_reduce='auto' or 'reduce_to_one' on CPUs"
+    elif strategy_name == MULTI_WORKER_MIRRORED:
+        allowed, cpu_fix = MULTI_WORKER_ALL_REDUCE, "use all_reduce='ring' or 'auto'"
+    else:
+        why = {
+            ONE_DEVICE: "one_device has one replica: nothing to all-reduce",
+            CENTRAL_STORAGE: "central_storage sums the gradients on its parameter device",
+            PARAMETER_SERVER: "parameter_server workers send their updates to the ps tasks",
+        }.get(strategy_name, f"{strategy_name} is not a mirrored strategy")
+        ignored = "" if requested == "auto" else f"; all_reduce={requested!r} does not apply"
+        return Choice(NO_ALL_REDUCE, why + ignored)
+    if requested not in allowed:
+        raise StrategyError(
+            f"{strategy_name} does not support all_reduce={requested!r}. Fix: use one of {', '.join(allowed)}."
+        )
+    if requested == "nccl":
+        if not all_gpus:
+            raise StrategyError(
+                f"all_reduce='nccl' needs GPUs; received it with {num_gpus} GPU(s) among {num_devices} replica "
+                f"device(s). Fix: {cpu_fix}."
+            )
+        if nccl_unavailable:
+            raise StrategyError(
+                f"all_reduce='nccl' cannot run here: {nccl_unavailable}. Fix: use all_reduce='auto' "
+                f"(it picks {'reduce_to_one' if strategy_name == MIRRORED else 'ring'})."
+            )
+    if requested == "hierarchical_copy" and num_devices > 1 and num_devices % 2:
+        # TensorFlow's HierarchicalCopyAllReduce splits the devices into two groups of
+        # num_devices // 2: with an odd count one replica's gradients are silently left out.
+        raise StrategyError(
+            f"all_reduce='hierarchical_copy' needs an even number of replicas; received {num_devices} devices, "
+            "of which TensorFlow would leave one out of the sum. Fix: use 'auto', 'nccl' or 'reduce_to_one'."
+        )
+    if requested != "auto":
+        return Choice(requested, "chosen by name")
+    if strategy_name == MULTI_WORKER_MIRRORED:
+        if not all_gpus:
+            return Choice("ring", "no GPU replicas: TensorFlow's ring all-reduce between the workers")
+        if nccl_unavailable:
+            return Choice("ring", f"NCCL cannot run: {nccl_unavailable}")
+        return Choice("nccl", f"{num_gpus} GPU replica(s) on this worker: NCCL")
+    if num_devices == 1:
+        return Choice("reduce_to_one", "one replica: nothing to all-reduce")
+    if not all_gpus:
+        return Choice("reduce_to_one",
+                      f"{num_devices - num_gpus} of {num_devices} replicas on CPU devices: NCCL needs GPUs")
+    if nccl_unavailable:
+        return Choice("reduce_to_one", f"NCCL cannot run: {nccl_unavailable}")
+    return Choice("nccl", f"{num_gpus} GPUs on one machine: NCCL")
+
+
 def local_gpus() -> list[str]:
     import tensorflow as tf
 
     return [d.name for d in tf.config.list_physical_devices("GPU")]
+
+
+def _gpu_facts() -> tuple[int, int, bool]:
+    """(visible physical GPUs, logical GPUs made of them, NCCL kernels present); starts no runtime."""
+    import tensorflow as tf
+
+    visible = tf.config.get_visible_devices("GPU")
+    logical = sum(len(tf.config.get_logical_device_configuration(gpu) or [None]) for gpu in visible)
+    try:
+        from tensorflow.python.framework import kernels
+
+        nccl = bool(kernels.get_registered_kernels_for_op("NcclAllReduce").kernel)
+    except Exception:  # noqa: BLE001 -- a private API: when it cannot tell, let NCCL be tried
+        nccl = True
+    return len(visible), logical, nccl
+
+
+def all_reduce_for(strategy_name: str, *, requested: str = "auto", devices: Sequence[str] | None = None) -> Choice:
+    """``choose_all_reduce`` with this machine's facts: its GPUs and the replicas' devices."""
+    if strategy_name not in (MIRRORED, MULTI_WORKER_MIRRORED):
+        return choose_all_reduce(strategy_name, requested=requested, num_gpus=0)
+    physical, logical, nccl_kernels = _gpu_facts() if local_gpus() else (0, 0, True)
+    if strategy_name == MIRRORED and devices:
+        num_gpus, num_devices = sum("gpu" in d.lower() for d in devices), len(devices)
+    else:  # TensorFlow's default: every logical GPU, else the CPU
+        num_gpus, num_devices = logical, max(logical, 1)
+    reason = nccl_unavailable_reason(physical_gpus=physical, logical_gpus=logical, nccl_kernels=nccl_kernels)
+    return choose_all_reduce(strategy_name, requested=requested, num_gpus=num_gpus, num_devices=num_devices,
+                             nccl_unavailable=reason if num_gpus else None)
+
+
+def cross_device_ops(name: str) -> "tf.distribute.CrossDeviceOps":
+    """The MirroredStrategy ``cross_device_ops`` of an all-reduce name."""
+    import tensorflow as tf
+
+    return {
+        "nccl": tf.distribute.NcclAllReduce,
+        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+        "reduce_to_one": tf.distribute.ReductionToOneDevice,
+    }[name]()
 
 
 def split_cpu(count: int) -> list[str]:
@@ -177,24 +313,10 @@ def _one_device(cluster: ClusterSpec, options: StrategyOptions):
 def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
     import tensorflow as tf
 
-    if options.all_reduce not in MIRRORED_ALL_REDUCE:
-        raise StrategyError(
-            f"mirrored does not support all_reduce={options.all_reduce!r}. "
-            f"Fix: use one of {', '.join(MIRRORED_ALL_REDUCE)}."
-        )
     devices = list(options.devices) if options.devices else None
-    if options.all_reduce == "nccl" and not local_gpus():
-        raise StrategyError(
-            "all_reduce='nccl' needs GPUs; received it on a machine with none. "
-            "Fix: use all_reduce='auto' or 'reduce_to_one' on CPUs."
-        )
-    cross_device_ops = {
-        "auto": None,
-        "nccl": lambda: tf.distribute.NcclAllReduce(),
-        "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
-        "reduce_to_one": lambda: tf.distribute.ReductionToOneDevice(),
-    }[options.all_reduce]
-    return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops() if cross_device_ops else None)
+    choice = all_reduce_for(MIRRORED, requested=options.all_reduce, devices=devices)
+    log.info("all-reduce %s: %s", choice.name, choice.reason)
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops(choice.name))
 
 
 def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
@@ -207,20 +329,12 @@ def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
 def _communication_options(options: StrategyOptions):
     import tensorflow as tf
 
-    if options.all_reduce not in MULTI_WORKER_ALL_REDUCE:
-        raise StrategyError(
-            f"multi_worker_mirrored does not support all_reduce={options.all_reduce!r}. "
-            f"Fix: use one of {', '.join(MULTI_WORKER_ALL_REDUCE)}."
-        )
-    if options.all_reduce == "nccl" and not local_gpus():
-        raise StrategyError(
-            "all_reduce='nccl' needs GPUs; received it on a machine with none. Fix: use all_reduce='ring' or 'auto'."
-        )
+    choice = all_reduce_for(MULTI_WORKER_MIRRORED, requested=options.all_reduce)
+    log.info("all-reduce %s: %s", choice.name, choice.reason)
     implementation = {
-        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
         "ring": tf.distribute.experimental.CommunicationImplementation.RING,
         "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-    }[options.all_reduce]
+    }[choice.name]
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=options.bytes_per_pack,
         timeout_seconds=options.collective_timeout,

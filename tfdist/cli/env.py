@@ -1,4 +1,4 @@
-"""``tfdist env``: versions, devices, the detected cluster and the strategy ``auto`` would pick."""
+"""``tfdist env``: versions, devices, the detected cluster and the strategy and all-reduce ``auto`` would pick."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "env",
         help="show versions, devices, the cluster and the strategy auto would choose",
-        description="Shows versions, devices, the detected cluster, this task's role and the strategy "
-        "`auto` would choose with its reason. Creates no strategy and connects to nothing.",
+        description="Shows versions, devices, the detected cluster, this task's role, and the strategy "
+        "and all-reduce `auto` would choose with their reasons. Creates no strategy and connects to nothing.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
@@ -31,6 +31,7 @@ def collect() -> dict:
 
     gpus = strategy_mod.local_gpus()
     choice = strategy_mod.choose(spec, num_gpus=len(gpus))
+    all_reduce = strategy_mod.all_reduce_for(choice.name)
     return {
         "tfdist": __version__,
         "tensorflow": tf.__version__,
@@ -47,6 +48,8 @@ def collect() -> dict:
         "environment": spec.environment,
         "strategy": choice.name,
         "reason": choice.reason,
+        "all_reduce": all_reduce.name,
+        "all_reduce_reason": all_reduce.reason,
     }
 
 
@@ -64,4 +67,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("cluster:  none (local machine)")
     print(f"strategy: {info['strategy']}  ({info['reason']})")
+    print(f"all-reduce: {info['all_reduce']}  ({info['all_reduce_reason']})")
     return 0

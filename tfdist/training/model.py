@@ -41,25 +41,43 @@ def check_tf_keras(model: Any, *, what: str = "model") -> None:
     )
 
 
+def precision_warning(precision: str, *, gpu_capabilities: Sequence[tuple[int, int]]) -> str | None:
+    """The warning a mixed-precision policy deserves on GPUs of these compute capabilities
+    (none: no GPU), or None. Pure."""
+    if precision == "float32":
+        return None
+    if not gpu_capabilities:
+        return (f"{precision} on a machine with no GPU: the CPU has no fast path for 16-bit math, so steps may be "
+                "slower; it still saves activation memory")
+    lowest = min(tuple(c) for c in gpu_capabilities)
+    shown = ".".join(str(v) for v in lowest)
+    if precision == "mixed_float16" and lowest < (7, 0):
+        return f"mixed_float16 on a GPU of compute capability {shown}: no Tensor Cores (7.0+), little speed-up"
+    if precision == "mixed_bfloat16" and lowest < (8, 0):
+        advice = "; mixed_float16 is fast on this GPU" if lowest >= (7, 0) else ""
+        return (f"mixed_bfloat16 on a GPU of compute capability {shown}: bfloat16 math is fast from 8.0 (Ampere) "
+                f"on, so steps may be slower than in float32{advice}")
+    return None
+
+
+def _gpu_capabilities() -> list[tuple[int, int]]:
+    import tensorflow as tf
+
+    details = (tf.config.experimental.get_device_details(gpu) for gpu in tf.config.list_physical_devices("GPU"))
+    return [tuple(d.get("compute_capability") or (0, 0)) for d in details]
+
+
 @contextlib.contextmanager
 def precision_policy(precision: str):
     """Sets the Keras dtype policy while the model is built, then restores the previous one."""
-    import tensorflow as tf
     import tf_keras
 
     _checks.check_choice("mixed_precision", precision, PRECISIONS, error=ModelError)
     previous = tf_keras.mixed_precision.global_policy()
     if precision != "float32":
-        gpus = tf.config.list_physical_devices("GPU")
-        if not gpus:
-            log.warning(
-                "%s on a machine with no GPU: the CPU has no fast path for 16-bit math, so steps may be slower; "
-                "it still saves activation memory", precision,
-            )
-        elif precision == "mixed_float16":
-            capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
-            if capability < (7, 0):
-                log.warning("mixed_float16 on a GPU of compute capability %s: no Tensor Cores, little speed-up", capability)
+        warning = precision_warning(precision, gpu_capabilities=_gpu_capabilities())
+        if warning:
+            log.warning("%s", warning)
         tf_keras.mixed_precision.set_global_policy(precision)
     try:
         yield

@@ -128,7 +128,7 @@ def test_help_does_not_import_tensorflow(procs):
 _STUCK = """
 import sys, time
 from tfdist.cluster import parse_tf_config
-from tfdist.strategy import startup_watchdog
+from tfdist.startup import startup_watchdog
 cluster = parse_tf_config('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}')
 with startup_watchdog(cluster, float(sys.argv[1])):
     time.sleep(float(sys.argv[2]))

@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,20 +34,18 @@ from typing import IO, Callable, Mapping, Sequence
 from tfdist import _checks, env
 from tfdist.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterSpec
 from tfdist.errors import ClusterConfigError, LaunchError
+from tfdist.ports import DEFAULT_HOST, MAX_PORT, free_ports
 
 log = logging.getLogger("tfdist.launch")
 
-DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_GRACE = 30.0
 
 _PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 _HOST = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a host name or IPv4 address, as cluster.py accepts
-_MAX_PORT = 65535
 _POLL_S = 0.05
 _KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to be reaped
 _READER_JOIN_S = 2.0  # how long to wait for the last output lines of an exited task
-_PORT_TRIES = 1000
 
 
 def _fix_int(flag: str, value, *, minimum: int, fix: str) -> None:
@@ -113,11 +110,11 @@ class LaunchOptions:
         if self.port_base is not None:
             _fix_int("--port-base", self.port_base, minimum=1, fix="pass a port between 1024 and 65535.")
             last = self.port_base + self.num_tasks - 1
-            if last > _MAX_PORT:
+            if last > MAX_PORT:
                 raise LaunchError(
                     f"--port-base is out of range: {self.num_tasks} tasks need ports {self.port_base}..{last}; "
                     f"received --port-base {self.port_base}. Fix: pass a port base of at most "
-                    f"{_MAX_PORT - self.num_tasks + 1}, or leave it out to use any free ports."
+                    f"{MAX_PORT - self.num_tasks + 1}, or leave it out to use any free ports."
                 )
         if not isinstance(self.host, str) or not _HOST.match(self.host):
             raise LaunchError(
@@ -572,66 +569,9 @@ class Launcher:
 
     def _allocate_ports(self, count: int) -> list[int]:
         """``count`` distinct free ports never used by an earlier attempt of this launch."""
-        host = self.options.host
-        try:
-            family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-        except socket.gaierror as e:
-            raise LaunchError(
-                f"--host cannot be resolved ({e.strerror}); received --host {host!r}. "
-                f"Fix: pass --host {DEFAULT_HOST} or an address of this machine."
-            ) from None
-        bind_host = sockaddr[0]
-        ports: list[int] = []
-        if self.options.port_base is None:
-            held = []
-            try:
-                for _ in range(_PORT_TRIES):
-                    if len(ports) == count:
-                        break
-                    sock = socket.socket(family, socket.SOCK_STREAM)
-                    held.append(sock)  # held open until all are chosen, so the kernel gives distinct ones
-                    sock.bind((bind_host, 0))
-                    port = sock.getsockname()[1]
-                    if port not in self._used_ports:
-                        ports.append(port)
-            except OSError as e:
-                raise LaunchError(
-                    f"--host cannot be bound ({e.strerror}); received --host {host!r}. "
-                    f"Fix: pass --host {DEFAULT_HOST} or an address of this machine."
-                ) from None
-            finally:
-                for sock in held:
-                    sock.close()
-        else:
-            port = self.options.port_base
-            while len(ports) < count and port <= _MAX_PORT:
-                if port not in self._used_ports and _is_free(family, bind_host, port):
-                    ports.append(port)
-                port += 1
-        if len(ports) < count and self.options.port_base is not None:
-            raise LaunchError(
-                f"--port-base leaves too few free ports: {len(ports)} of the {count} needed are free between "
-                f"{self.options.port_base} and {_MAX_PORT} on {host} (ports of earlier restarts are not reused); "
-                f"received --port-base {self.options.port_base}. "
-                f"Fix: pass a lower --port-base, or leave it out to use any free ports."
-            )
-        if len(ports) < count:
-            raise LaunchError(
-                f"only {len(ports)} of the {count} ports needed could be found free on --host {host!r}. "
-                f"Fix: free some ports, or pass --port-base with a range of free ports."
-            )
+        ports = free_ports(count, host=self.options.host, port_base=self.options.port_base, avoid=self._used_ports)
         self._used_ports.update(ports)
         return ports
-
-
-def _is_free(family: int, host: str, port: int) -> bool:
-    """True if ``port`` can be bound now (a port in TIME_WAIT cannot without SO_REUSEADDR)."""
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _kill_group(process: subprocess.Popen, signum: int) -> None:

@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import socket
-import subprocess
-import sys
-import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tfdist import env
-from tfdist.cluster import CHIEF, PS, WORKER, ClusterSpec, check_address, detect
-from tfdist.errors import ClusterConfigError, StrategyError
+from tfdist.cluster import CHIEF, PS, WORKER, ClusterSpec, detect
+from tfdist.errors import StrategyError
+from tfdist.startup import startup_watchdog, wait_for_peers
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
@@ -517,125 +513,3 @@ def name_of(strategy: "tf.distribute.Strategy") -> str:
         if isinstance(strategy, kind):
             return kind_name
     return type(strategy).__name__
-
-
-# --- servers and the no-hang guard --------------------------------------------------------
-
-
-def serve(cluster: ClusterSpec) -> None:
-    """Runs this task's TensorFlow server until the process is stopped (ps and PS workers)."""
-    import tensorflow as tf
-
-    if cluster.task_type not in (PS, WORKER):
-        raise ClusterConfigError(
-            f"Only ps and worker tasks serve; received task {cluster.task_name}. Fix: run training on the chief."
-        )
-    log.info("%s: serving as %s at %s until stopped", PARAMETER_SERVER, cluster.task_name, cluster.task_address)
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster.training_jobs()),
-        job_name=cluster.task_type,
-        task_index=cluster.task_index,
-        protocol=cluster.rpc_layer,
-        start=True,
-    )
-    server.join()
-
-
-def _split(address: str) -> tuple[str, int]:
-    return check_address(address, where="cluster", field="address")
-
-
-def _listening(address: str, timeout: float = 1.0) -> bool:
-    try:
-        with socket.create_connection(_split(address), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _peers(cluster: ClusterSpec) -> list[tuple[str, str]]:
-    """(name, address) of the tasks this one must reach before its strategy can start."""
-    return [
-        (f"{role}:{index}", address)
-        for role, index, address in cluster.tasks()
-        if role != "evaluator" and address != cluster.task_address
-    ]
-
-
-def wait_for_peers(cluster: ClusterSpec, timeout: float) -> None:
-    """Waits until every peer's port accepts connections; raises PeerUnavailableError naming
-    the tasks that did not come up within ``timeout`` seconds.
-
-    TensorFlow blocks (holding the GIL) inside strategy creation until every peer joined,
-    so the wait happens here first, in Python. While waiting, this task listens on its own
-    port so that its peers see it too; the listener closes before TensorFlow's server binds.
-    """
-    from tfdist.errors import PeerUnavailableError
-
-    listener = None
-    if cluster.task_address is not None:
-        try:
-            listener = socket.create_server(_split(cluster.task_address), reuse_port=False)
-        except OSError:
-            listener = None  # the port is taken (e.g. by this task's server already): just probe
-    try:
-        deadline = time.monotonic() + timeout
-        missing = _peers(cluster)
-        while missing:
-            missing = [(name, address) for name, address in missing if not _listening(address, timeout=0.5)]
-            if not missing:
-                break
-            if time.monotonic() > deadline:
-                names = ", ".join(f"{name} ({address})" for name, address in missing)
-                raise PeerUnavailableError(
-                    f"the cluster did not come up within {timeout:g} s; missing: {names}. "
-                    f"Fix: start every task listed in TF_CONFIG (or use `tfdist launch`); raise "
-                    f"{env.TFDIST_STARTUP_TIMEOUT} if they start slowly."
-                )
-            time.sleep(0.2)
-    finally:
-        if listener is not None:
-            listener.close()
-
-
-_WATCHDOG = r"""
-import os, select, signal, sys
-parent, timeout, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-ready, _, _ = select.select([sys.stdin], [], [], timeout)
-if not ready:
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-    os.kill(parent, signal.SIGKILL)
-"""
-
-
-class startup_watchdog:
-    """Kills this process if the block inside does not finish within ``timeout`` seconds.
-
-    A backstop for a peer that answered ``wait_for_peers`` but never joined: TensorFlow
-    then blocks holding the GIL, so no Python thread could act; a tiny watchdog process
-    prints the one-line error and sends SIGKILL instead.
-    """
-
-    def __init__(self, cluster: ClusterSpec, timeout: float):
-        self._cluster, self._timeout = cluster, timeout
-        self._proc: subprocess.Popen | None = None
-
-    def __enter__(self):
-        names = ", ".join(name for name, _ in _peers(self._cluster)) or "none"
-        message = (
-            f"tfdist: error: the cluster did not form within {self._timeout:g} s: a peer ({names}) answered but "
-            f"never joined. Fix: restart every task (tfdist launch does it); raise {env.TFDIST_STARTUP_TIMEOUT} "
-            "if they start slowly."
-        )
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self._timeout), message],
-            stdin=subprocess.PIPE, start_new_session=True,
-        )
-        return self
-
-    def __exit__(self, *exc):
-        if self._proc is not None:
-            self._proc.stdin.close()  # end of input: the watchdog exits
-            self._proc.wait(timeout=10)
-        return False

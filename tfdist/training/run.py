@@ -25,6 +25,7 @@ from tfdist import strategy as strategy_mod
 from tfdist.checkpoint import Checkpointer, CheckpointOptions, ResumePoint, RunMetadata
 from tfdist.checkpoint import layout
 from tfdist.cluster import EVALUATOR, ClusterSpec, detect
+from tfdist.startup import serve
 from tfdist.errors import DataError, ModelError, PeerUnavailableError, describe
 from tfdist.training import model as model_mod
 from tfdist.training.controller import Controller, SavePolicy
@@ -96,7 +97,7 @@ def fit(
     cluster = detect() if cluster is None else cluster
     _check_role(cluster)
     if not strategy_mod.trains_here(strategy, cluster):
-        strategy_mod.serve(cluster)  # ps and worker tasks of a parameter-server cluster
+        serve(cluster)  # ps and worker tasks of a parameter-server cluster
         return None
     seed = _seed(seed, deterministic=deterministic, options=options)
     strat = strategy_mod.make_strategy(

@@ -298,7 +298,8 @@ _REPLICA_METRICS = textwrap.dedent(
     from tfdist.training import model as keras_model
 
     def build():
-        m = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2)])
+        m = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.BatchNormalization(),
+                                 tf_keras.layers.BatchNormalization(synchronized=True), tf_keras.layers.Dense(2)])
         m.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         return m
 
@@ -316,8 +317,21 @@ _REPLICA_METRICS = textwrap.dedent(
                 loss.update_state(value)
         strategy.run(step)
 
+    statistics = [v for layer in model.layers[:2] for v in (layer.moving_mean, layer.moving_variance)]
+
+    @tf.function
+    def move_statistics():  # each replica's statistics move its own way, as with its own batches
+        def step():
+            replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+            for v in statistics:
+                v.assign(v * 0.9 + 0.1 * (replica + 1.0) * tf.constant([0.3, 1.7e-3, 11.0]))
+        strategy.run(step)
+
     def components():
         return [[float(c.numpy()) for c in v.values] for v in loss.variables]
+
+    def replica_statistics():
+        return [[c.numpy().tolist() for c in v.values] for v in statistics]
 
     def checkpointer(directory):
         options = ckpt_mod.CheckpointOptions(directory=directory, async_save=False)
@@ -327,28 +341,35 @@ _REPLICA_METRICS = textwrap.dedent(
 
     directory = tempfile.mkdtemp()
     update()
-    before = components()
+    move_statistics()
+    before, statistics_before = components(), replica_statistics()
     checkpointer(directory).save(global_step=5, epoch=0, step_in_epoch=5, history=[])
     update()  # the state moves on, then the run dies
+    move_statistics()
     loss.reset_state()
     resumed = checkpointer(directory)
     resumed.restore()
+    statistics_after = replica_statistics()  # back right after the restore
     resumed.restore_metrics()
-    print("RESULT " + json.dumps({"before": before, "after": components(), "result": float(loss.result())}))
+    print("RESULT " + json.dumps({"before": before, "after": components(), "result": float(loss.result()),
+                                  "statistics_before": statistics_before, "statistics_after": statistics_after}))
     """
 )
 
 
 @pytest.mark.timeout(200)
-def test_each_replica_gets_its_own_metric_accumulators_back(procs):
-    """Mirrored: a plain checkpoint would give each replica half the summed total; the
-    resumed epoch's float additions would then differ from an uninterrupted run's."""
+def test_each_replica_gets_its_own_on_read_state_back(procs):
+    """Mirrored: a plain checkpoint would give each replica half the summed metric total and
+    the mean of the BatchNormalization statistics (synchronized or not); the resumed run's
+    float operations would then differ from an uninterrupted run's."""
     code, out = procs.run([sys.executable, "-c", _REPLICA_METRICS], timeout=180, env=base_env())
     assert code == 0, out[-3000:]
     result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
     total, count = result["before"]
     assert total[0] != total[1] and count == [3.0, 3.0]
     assert result["after"] == result["before"]
+    assert all(values[0] != values[1] for values in result["statistics_before"])  # the replicas differ
+    assert result["statistics_after"] == result["statistics_before"]
 
 
 def test_the_checkpointer_reports_when_a_background_save_was_written(tmp_path):

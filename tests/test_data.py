@@ -57,9 +57,11 @@ def test_batch_errors_name_the_values_and_the_fix(kwargs, text):
 def test_steps_per_epoch_drops_the_remainder_and_checks_size():
     sizes = data.BatchSizes.resolve(num_replicas=1, batch_size=30)
     assert data.steps_per_epoch_for(_source(100), sizes, None) == 3
-    assert data.steps_per_epoch_for(_source(100), sizes, 7) == 7
+    assert data.steps_per_epoch_for(_source(100), sizes, 2) == 2
     with pytest.raises(BatchSizeError, match="larger than the data"):
         data.steps_per_epoch_for(_source(10), sizes, None)
+    with pytest.raises(BatchSizeError, match=r"steps_per_epoch=7 exceeds the 3 whole global batches.*Fix: pass steps_per_epoch <= 3"):
+        data.steps_per_epoch_for(_source(100), sizes, 7)
 
 
 def _plan(global_batch=8, replicas=2, spe=5, epochs=3, seed=7, accum=1):

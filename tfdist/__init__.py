@@ -31,6 +31,7 @@ _LAZY = {
     "ClusterSpec": "tfdist.cluster",
     "plan": "tfdist.planner",
     "Plan": "tfdist.planner",
+    "TFRecordSource": "tfdist.data.files",
 }
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "ClusterSpec",
     "plan",
     "Plan",
+    "TFRecordSource",
     "TfdistError",
     "ClusterConfigError",
     "StrategyError",
@@ -57,6 +59,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import ClusterSpec
     from tfdist.cluster import detect as detect_cluster
+    from tfdist.data.files import TFRecordSource
     from tfdist.training import fit
     from tfdist.planner import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu

@@ -276,8 +276,9 @@ def fit(
                 "BackupAndRestore conflicts with tfdist's own checkpoints; received it in callbacks. "
                 "Fix: remove it and pass checkpoint_dir= (tfdist resumes at the exact batch)."
             )
-    if seed is None and checkpoint_dir is not None and resume:
-        seed = (ckpt_mod.latest_metadata(checkpoint_dir) or {}).get("seed")  # continue the run's own order
+    recorded = (ckpt_mod.latest_metadata(checkpoint_dir) or {}) if checkpoint_dir is not None and resume else {}
+    if seed is None:
+        seed = recorded.get("seed")  # continue the run's own order
     seed = _set_seed(seed, deterministic)
     strat = strategy_mod.make_strategy(
         strategy,
@@ -307,13 +308,9 @@ def fit(
         per_replica_batch_size=per_replica_batch_size,
         grad_accum_steps=grad_accum_steps,
     )
-    spe = data_mod.steps_per_epoch_for(source, sizes, steps_per_epoch)
-    plan = data_mod.DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=epochs, seed=seed, shuffle=shuffle)
-    if isinstance(source, data_mod.StreamSource):
-        log.warning(
-            "data is a tf.data.Dataset: it must yield the same elements in the same order on every pass; "
-            "resuming mid-epoch skips the batches already trained on, which takes time proportional to the position"
-        )
+    plan = data_mod.make_plan(source, sizes, steps_per_epoch=steps_per_epoch, epochs=epochs, seed=seed, shuffle=shuffle,
+                              parameter_server=parameter_server, num_workers=num_workers, recorded=recorded)
+    spe = plan.steps_per_epoch
     log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), spe, epochs)
 
     # Model.
@@ -358,6 +355,7 @@ def fit(
             "model_fingerprint": ckpt_mod.model_fingerprint(built),
             "tfdist_version": __import__("tfdist").__version__,
             "tensorflow_version": tf.__version__,
+            **plan.metadata(),
         }
         checkpointer = ckpt_mod.Checkpointer(
             options=checkpoint_options,
@@ -396,14 +394,9 @@ def fit(
         )
     val_dataset = validation_steps = None
     if validation_data is not None:
-        val_source = data_mod.as_source(validation_data)
-        val_batch = sizes.global_batch_size // sizes.grad_accum_steps
-        val_dataset = data_mod.validation_dataset(val_source, val_batch)
-        if parameter_server:
-            # Each worker reads its own copy: repeat it, and count the steps (approximate:
-            # the batches a worker evaluates depend on scheduling).
-            val_dataset = val_dataset.repeat()
-            validation_steps = max(1, -(-(val_source.num_examples or val_batch) // val_batch))
+        val_dataset, validation_steps = data_mod.validation_input(
+            data_mod.as_source(validation_data), sizes, strategy=strat, parameter_server=parameter_server
+        )
 
     # Fit.
     quiet = not is_chief and not env.flag(env.TFDIST_VERBOSE_WORKERS)

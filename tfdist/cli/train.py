@@ -125,8 +125,14 @@ def run_command(args: argparse.Namespace) -> int:
     train, validation = data_mod.load(args.data, features=args.features, validation=args.validation_data,
                                       cache_dir=checkpoint_dir)
     num_classes = data_mod.num_classes(train, validation)
-    builder = models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
-                             learning_rate=args.learning_rate)
+
+    def builder():
+        # Called by fit once the strategy exists: reading a file source's example shape runs
+        # TensorFlow ops, which must not start before a multi-worker strategy is created.
+        return models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
+                              learning_rate=args.learning_rate)()
+
+    builder.__name__ = f"build_{args.model}"
     if cluster.task_type == cluster_mod.EVALUATOR:
         from tfdist.evaluator import run_sidecar
 

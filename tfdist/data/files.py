@@ -8,8 +8,9 @@ The layout (``Layout``):
 * Every epoch orders the full blocks with a seeded permutation of ``(seed, epoch)``
   (``index_shuffle``, never built), the short block last, and deals them round-robin to
   ``S`` **streams**: stream ``s`` gets the blocks at positions ``s, s + S, ...``.
-* A stream reads its blocks ``K`` at a time (a **window**) and shuffles the records of a
-  window with a permutation keyed by ``(seed, epoch, stream, window)``.
+* A stream reads its blocks ``K`` at a time (a **window**; the last window of a stream
+  takes the remaining ``K`` to ``2K - 1`` blocks) and shuffles the records of a window with a
+  permutation keyed by ``(seed, epoch, stream, window)``.
 * Global step ``i`` of an epoch takes records ``[i * g, (i + 1) * g)`` of every stream,
   ``g = G / S`` (``G`` the global batch), concatenated stream after stream; replica ``r`` of
   ``M`` gets positions ``[r * G / M, (r + 1) * G / M)`` of that. When ``M`` divides ``S``,
@@ -85,6 +86,10 @@ class Layout:
 
     def stream_blocks(self, stream: int) -> int:
         return len(range(stream, self.num_blocks, self.streams))
+
+    def stream_windows(self, stream: int) -> int:
+        """Windows of ``stream``: ``K`` blocks each, the last one taking what is left (up to ``2K - 1``)."""
+        return max(1, self.stream_blocks(stream) // self.window_blocks)
 
     def stream_records(self, stream: int) -> int:
         """Records of ``stream`` in every epoch (the short block is always the epoch's last)."""
@@ -172,8 +177,10 @@ class TFRecordSource:
         self.num_records = int(sum(self.counts))
         if self.num_records == 0:
             raise DataError(f"the data files hold no records; received {self.name!r}. Fix: check the files.")
+        # Nothing here may start TensorFlow's runtime (tf.io.gfile does not): multi-worker
+        # strategies must be created first, and fit creates them after the source exists.
+        # parse_fn is therefore checked on first use (fit's sample, or a dataset).
         self._sample: tuple | None = None
-        self._check_parse_fn()
 
     # --- what fit asks of every source ---------------------------------------------------------------
 
@@ -196,14 +203,19 @@ class TFRecordSource:
         """The first ``count`` examples, parsed (NumPy)."""
         import tensorflow as tf
 
-        if self._sample is None or len(self._sample[1]) < count:
-            serialized = next(iter(
-                tf.data.TFRecordDataset(self.paths, compression_type=self.compression or None).take(count).batch(count)
-            ))
-            x, y = self._parse(serialized)
-            self._sample = (tf.nest.map_structure(lambda t: t.numpy(), x), y.numpy())
-        x, y = self._sample
-        return tf.nest.map_structure(lambda a: a[:count], x), y[:count]
+        if self._sample is None:
+            self._check_parse_fn()
+        if self._sample[0] < count:
+            self._sample = (count, self._read_first(count))
+        return tf.nest.map_structure(lambda a: a[:count], self._sample[1])
+
+    def _read_first(self, count: int) -> tuple:
+        import tensorflow as tf
+
+        serialized = next(iter(
+            tf.data.TFRecordDataset(self.paths, compression_type=self.compression or None).take(count).batch(count)
+        ))
+        return tf.nest.map_structure(lambda t: np.asarray(t), self._parse(serialized))
 
     def _parse(self, serialized):
         out = self.parse_fn(serialized)
@@ -218,8 +230,9 @@ class TFRecordSource:
     def _check_parse_fn(self) -> None:
         import tensorflow as tf
 
+        batch = min(2, self.num_records)
         try:
-            x, y = self.sample(2)
+            x, y = self._read_first(batch)
         except DataError:
             raise
         except (tf.errors.OpError, ValueError, TypeError, KeyError) as e:
@@ -227,7 +240,6 @@ class TFRecordSource:
                 f"`parse_fn` failed on the first records of {self.name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]}). "
                 "Fix: parse_fn receives a 1-D string tensor of serialized records; parse it with tf.io.parse_example."
             ) from None
-        batch = min(2, self.num_records)
         for label, value in (("x", x), ("y", y)):
             for leaf in tf.nest.flatten(value):
                 if np.ndim(leaf) < 1 or np.shape(leaf)[0] != batch:
@@ -235,6 +247,7 @@ class TFRecordSource:
                         f"`parse_fn` must return batched tensors (first dimension = number of records); received {label} of "
                         f"shape {np.shape(leaf)} for {batch} records. Fix: use tf.io.parse_example (not parse_single_example)."
                     )
+        self._sample = (batch, (x, y))
 
     # --- layout --------------------------------------------------------------------------------------
 
@@ -291,6 +304,7 @@ class TFRecordSource:
         )
 
     def reader(self, plan) -> "_Reader":
+        self.sample(1)  # checks parse_fn
         return _Reader(self._tables(), plan.layout, seed=plan.seed, shuffle=plan.shuffle)
 
     def dataset_fn(self, plan, *, start_step: int, stop_step: int | None, parameter_server: bool) -> Callable:
@@ -325,6 +339,7 @@ class TFRecordSource:
 
     def records_dataset(self, begin: int, end: int) -> "tf.data.Dataset":
         """Records ``[begin, end)`` of the files, in order (validation)."""
+        self.sample(1)  # checks parse_fn
         tables = self._tables()
         return _read_range(tables, begin, end)
 
@@ -343,6 +358,7 @@ def _read_segment(tables: _Tables, f, lo, hi) -> "tf.data.Dataset":
     """Records ``[lo, hi)`` of file ``f``: opened at the nearest byte mark, then a short header-only skip."""
     import tensorflow as tf
 
+    f, lo, hi = (tf.cast(v, tf.int64) for v in (f, lo, hi))
     m0, m1 = tables.mark_starts[f], tables.mark_starts[f + 1]
     marks = tables.marks[m0:m1]
     c = tf.searchsorted(marks, tf.reshape(lo, [1]), side="right", out_type=tf.int64)[0] - 1
@@ -386,8 +402,10 @@ class _Reader:
 
         lay = self.layout
         n = lay.stream_blocks(stream)
-        q0 = tf.cast(window, tf.int64) * lay.window_blocks
-        q1 = tf.minimum(q0 + lay.window_blocks, n)
+        window = tf.cast(window, tf.int64)
+        q0 = window * lay.window_blocks
+        n = tf.constant(n, tf.int64)
+        q1 = tf.where(window == lay.stream_windows(stream) - 1, n, tf.minimum(q0 + lay.window_blocks, n))
         positions = stream + lay.streams * tf.range(q0, q1, dtype=tf.int64)
         if not self.shuffle or lay.full_blocks == 0:
             return positions
@@ -407,7 +425,7 @@ class _Reader:
             lambda f, lo, hi: _read_segment(tables, f, lo, hi), cycle_length=_CYCLE, block_length=R,
             num_parallel_calls=_CYCLE, deterministic=True,
         )
-        ds = records.batch(lay.window_records)
+        ds = records.batch(2 * lay.window_records)  # the whole window: the last one may hold up to 2K - 1 blocks
         if self.shuffle:
             k = order_mod.key(self.seed, epoch, order_mod.WINDOWS, stream, window)
             ds = ds.map(lambda w: tf.gather(w, tf.random.experimental.stateless_shuffle(
@@ -419,15 +437,18 @@ class _Reader:
         import tensorflow as tf
 
         W = self.layout.window_records
+        last = self.layout.stream_windows(stream) - 1
         begin, end = tf.cast(begin, tf.int64), tf.cast(end, tf.int64)
         end = tf.maximum(end, begin)
 
         def window_slice(j):
             lo = tf.maximum(begin - j * W, 0)
-            hi = tf.minimum(end - j * W, W)
+            hi = tf.where(j == last, end - j * W, tf.minimum(end - j * W, W))
             return self._window(stream, epoch, j).map(lambda w: w[lo:hi]).unbatch()
 
-        return tf.data.Dataset.range(begin // W, (end + W - 1) // W).flat_map(window_slice)
+        first = tf.minimum(begin // W, last)
+        stop = tf.where(end > begin, tf.minimum((end + W - 1) // W, last + 1), first)
+        return tf.data.Dataset.range(first, stop).flat_map(window_slice)
 
     def synchronous_epoch(self, spe: int, sizes, part, first_step: int, stop_step: int | None):
         """``epoch -> dataset`` of this pipeline's per-replica batches of serialized records."""
@@ -437,6 +458,8 @@ class _Reader:
         g = sizes.global_batch_size // S
         first_stream, last_stream = part.offset // g, (part.offset + part.length - 1) // g
         lo = part.offset - first_stream * g
+        log.info("input pipeline %d of %d reads stream(s) %s of %d", part.pipeline_id, part.pipelines,
+                 f"{first_stream}-{last_stream}" if last_stream > first_stream else first_stream, S)
         per_replica = sizes.per_replica_batch_size
 
         def epoch_dataset(epoch):

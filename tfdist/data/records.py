@@ -23,6 +23,7 @@ import logging
 import struct
 import time
 import uuid
+import zlib
 from typing import Iterable, Sequence
 
 from tfdist.errors import DataError
@@ -81,15 +82,7 @@ def scan(path: str, size: int | None = None, *, compression: str = "") -> FileIn
 
     size = file_size(path) if size is None else size
     if compression:
-        # The framing is inside the compressed stream: count through TensorFlow, no offsets.
-        try:
-            n = int(tf.data.TFRecordDataset(path, compression_type=compression).reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
-        except tf.errors.OpError as e:
-            raise DataError(
-                f"cannot read the {compression} TFRecord file {path!r} ({type(e).__name__}: {str(e).splitlines()[0][:120]}). "
-                "Fix: check the file and the compression option."
-            ) from None
-        return FileIndex(path, size, n)
+        return FileIndex(path, size, _count_compressed(path, compression))
     marks, offsets = [], []
     records = pos = next_mark = 0
     spacing = mark_bytes(size)
@@ -117,9 +110,53 @@ def scan(path: str, size: int | None = None, *, compression: str = "") -> FileIn
     return FileIndex(path, size, records, tuple(marks), tuple(offsets))
 
 
-def _corrupt(path: str, pos: int, size: int, what: str) -> DataError:
+class _Inflated:
+    """``read(n)`` of the decompressed bytes of a GZIP or ZLIB stream (the framing is inside it)."""
+
+    def __init__(self, raw, compression: str):
+        self.raw = raw
+        self.inflater = zlib.decompressobj(31 if compression == "GZIP" else 15)  # 31: gzip header, 15: zlib header
+        self.buffer = b""
+
+    def read(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            chunk = self.raw.read(_CHUNK)
+            if not chunk:
+                self.buffer += self.inflater.flush()
+                break
+            self.buffer += self.inflater.decompress(chunk)
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+
+def _count_compressed(path: str, compression: str) -> int:
+    """Records of a compressed file: its framing is read from the decompressed stream (no offsets: no seeking)."""
+    import tensorflow as tf
+
+    count = position = 0
+    try:
+        with tf.io.gfile.GFile(path, "rb") as raw:
+            stream = _Inflated(raw, compression)
+            while True:
+                header = stream.read(_HEADER)
+                if not header:
+                    return count
+                if len(header) < _HEADER:
+                    raise _corrupt(path, position, None, "a record header is cut off (decompressed stream)")
+                (length,) = struct.unpack_from("<Q", header)
+                body = stream.read(length + _FOOTER)
+                if len(body) < length + _FOOTER:
+                    raise _corrupt(path, position, None, f"the record there claims {length} bytes (decompressed stream)")
+                count += 1
+                position += _HEADER + length + _FOOTER
+    except zlib.error as e:
+        raise DataError(f"{path!r} is not a {compression} file ({e}). Fix: check the compression option "
+                        "(None for uncompressed files).") from None
+
+
+def _corrupt(path: str, pos: int, size: int | None, what: str) -> DataError:
     return DataError(
-        f"{path!r} is not a valid TFRecord file: at byte {pos} of {size}, {what}. "
+        f"{path!r} is not a valid TFRecord file: at byte {pos}{f' of {size}' if size is not None else ''}, {what}. "
         "Fix: pass only uncompressed TFRecord files (or compression='GZIP'/'ZLIB' for compressed ones), "
         "and regenerate a file that was cut short."
     )

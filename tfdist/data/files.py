@@ -315,6 +315,7 @@ class TFRecordSource:
         parse = self._parse
         last_epoch = (stop_step - 1) // spe if stop_step is not None and not parameter_server else None
 
+        @tf.autograph.experimental.do_not_convert  # graph building only: no tensor-dependent Python control flow
         def make(input_context=None):
             reader = self.reader(plan)
             if parameter_server:

@@ -238,12 +238,15 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
 # --- validation ----------------------------------------------------------------------------------
 
 
-def validation_dataset(source: Source, batch_size: int) -> "tf.data.Dataset":
-    """Every validation example once, in order, in batches of ``batch_size`` (one process reads it all)."""
+def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) -> "tf.data.Dataset":
+    """Every validation example once, in order, in batches of ``batch_size`` (one process reads it all).
+
+    ``embed``: the dataset will run in other processes (parameter servers): arrays go into its graph.
+    """
     import tensorflow as tf
 
     if isinstance(source, ArraySource):
-        gather = source.gather_fn()
+        gather = source.gather_fn(embed=embed)
         n = source.num_examples
         ds = tf.data.Dataset.range(0, n, batch_size).map(
             lambda i: gather(tf.range(i, tf.minimum(i + batch_size, n))))
@@ -273,11 +276,9 @@ def validation_input(source: Source, sizes: BatchSizes, *, strategy, parameter_s
 
     batch = sizes.global_batch_size // sizes.grad_accum_steps
     if parameter_server or isinstance(source, StreamSource):
-        ds = validation_dataset(source, batch)
+        ds = validation_dataset(source, batch, embed=parameter_server)
         if not parameter_server:
             return ds, None
-        if isinstance(source, ArraySource):
-            source.gather_fn(embed=True)  # refuses arrays too large to send to the workers
         return ds.repeat(), max(1, -(-(source.num_examples or batch) // batch))
     replicas, micro = sizes.num_replicas, sizes.micro_batch_size
     n = source.num_examples

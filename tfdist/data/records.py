@@ -315,7 +315,7 @@ def _offset_reader():
                 tf.reshape(filename, [1]), "", tf.constant(_READ_BUFFER, tf.int64),
                 tf.reshape(tf.cast(byte_offset, tf.int64), [1]),
             )
-            super().__init__(variant)
+            dataset_ops.DatasetSource.__init__(self, variant)  # not super(): AutoGraph may convert this
 
         @property
         def element_spec(self):

@@ -16,7 +16,8 @@ measurement runs in a fresh process; variants alternate (A B, B A, ...):
 * (d) time before the first batch, from nothing (record index scanned) and with the index
   cached: constructing the source, planning, first batch.
 * (e) training: ``tfdist.fit`` on the files, one_device vs 2-worker multi_worker_mirrored
-  (``tfdist launch``), same global batch and steps: bytes each worker read (target <= 0.55x).
+  (``tfdist launch``), same global batch and steps: bytes each worker read (target <= 0.55x);
+  and mirrored on 2 logical CPUs (one process reads for both replicas: ~1x).
 
 Peak RSS of every process is reported against the data size.
 
@@ -189,6 +190,10 @@ def child(spec: dict) -> None:
         x, _y = next(iter(ds))
         _common.emit({"seconds": time.perf_counter() - t0, "peak_rss_gb": _peak_rss_gb()})
     elif part == "e":
+        if spec["strategy"] == "mirrored":
+            from tfdist.strategy import split_cpu
+
+            split_cpu(2)
         import tf_keras
 
         import tfdist
@@ -325,12 +330,12 @@ def main() -> None:
 
     if "e" in args.parts:
         steps = 20 if quick else 400
-        runs = {"one_device": [], "two_workers": []}
-        seconds = {"one_device": [], "two_workers": []}
-        for rep, variant in _common.alternate(("one_device", "two_workers"), reps):
+        runs = {"one_device": [], "two_workers": [], "mirrored": []}
+        seconds = {name: [] for name in runs}
+        for rep, variant in _common.alternate(tuple(runs), reps):
             spec = {"part": "e", "steps": steps, "files": files}
-            if variant == "one_device":
-                r = run(dict(spec, strategy="one_device"))
+            if variant != "two_workers":
+                r = run(dict(spec, strategy=variant))
                 runs[variant].append(r["bytes"])
                 seconds[variant].append(r["seconds"])
             else:
@@ -349,6 +354,12 @@ def main() -> None:
                      f"{_common.fmt_ratio(stats)}; {_common.fmt(_common.summary(runs['two_workers']), 1e-6, ' MB')} vs "
                      f"{_common.fmt(_common.summary(runs['one_device']), 1e-6, ' MB')}",
                      f"<= {TARGETS['e']}", _common.verdict(stats["median"], TARGETS["e"])))
+        mirrored = _common.summary([b / a for a, b in zip(runs["one_device"], runs["mirrored"])])
+        rows.append(("(e) the same, mirrored (2 logical CPUs, one process) / one_device",
+                     f"{_common.fmt_ratio(mirrored)}; {_common.fmt(_common.summary(runs['mirrored']), 1e-6, ' MB')}; "
+                     f"training time {_common.fmt(_common.summary(seconds['mirrored']), unit=' s')} vs "
+                     f"{_common.fmt(_common.summary(seconds['one_device']), unit=' s')} (one_device), "
+                     f"{_common.fmt(_common.summary(seconds['two_workers']), unit=' s')} (2 workers)", "(~1)", "–"))
 
     results["peak_rss_gb"] = max(peaks) if peaks else None
     notes.append(f"Data: {len(files)} TFRecord files, {manifest['records']:,} records of {SHAPE} uint8 images "

@@ -1,5 +1,6 @@
 """TFRecordSource: every example once per epoch, disjoint streams, exact O(1) resume, topology changes, index cache."""
 
+import functools
 import json
 import os
 
@@ -274,7 +275,9 @@ def test_fingerprint_is_names_sizes_and_counts(tmp_path):
     assert fa == fb != fc
 
 
-def _tiny_builder(tmp_path):
+@functools.lru_cache(maxsize=None)
+def _tiny_builder_class():
+    """A TFDS builder of 8x8 random images in 10 classes (defined once: TFDS registers builders by name)."""
     tfds = pytest.importorskip("tensorflow_datasets")
 
     class TinyShards(tfds.core.GeneratorBasedBuilder):
@@ -296,7 +299,12 @@ def _tiny_builder(tmp_path):
             for i in range(n):
                 yield i, {"image": rng.randint(0, 256, (8, 8, 1)).astype(np.uint8), "label": i % 10}
 
-    builder = TinyShards(data_dir=str(tmp_path), file_format="tfrecord")
+    return TinyShards
+
+
+def _tiny_builder(tmp_path, file_format="tfrecord"):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    builder = _tiny_builder_class()(data_dir=str(tmp_path), file_format=file_format)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=3))
     return builder
 
@@ -320,6 +328,27 @@ def test_tfds_is_a_file_source_counted_from_its_metadata(tmp_path, monkeypatch):
     got = sorted(zip(y.tolist(), np.round(x.reshape(240, -1) * 255).astype(int).sum(1).tolist()))
     assert got == expected
     assert np.bincount(y, minlength=10).tolist() == [24] * 10
+
+
+def test_tfds_array_record_is_read_by_index_in_an_exact_global_shuffle(tmp_path):
+    pytest.importorskip("array_record")
+    from tfdist.data import tfds as tfds_mod
+
+    _tiny_builder(tmp_path, file_format="array_record")
+    train, val = tfds_mod.load("tiny_shards", data_dir=str(tmp_path))
+    assert isinstance(train, data.IndexedSource) and train.num_examples == 240 and train.example_shape == (8, 8, 1)
+    sizes = data.BatchSizes.resolve(num_replicas=2, batch_size=16)
+    plan = data.make_plan(train, sizes, steps_per_epoch=None, epochs=1, seed=4)
+    batches = list(data.dataset_fn(train, plan, start_step=0, stop_step=plan.total_steps)(None).as_numpy_iterator())
+    # The order is the permutation of all 240 examples: step t holds its positions [16 t, 16 t + 16).
+    order = data._epoch_permutation(240, 4, 0, True).numpy()
+    x_all, y_all = train.sample(240)
+    got = np.concatenate([x for x, _ in batches])
+    np.testing.assert_array_equal(got, x_all[order[:len(got)]])
+    resumed = list(data.dataset_fn(train, plan, start_step=7, stop_step=plan.total_steps)(None).as_numpy_iterator())
+    np.testing.assert_array_equal(np.concatenate([y for _, y in resumed]), y_all[order[7 * 16:len(got)]])
+    with pytest.raises(DataError, match="parameter-server workers cannot run"):
+        data.dataset_fn(train, plan, start_step=0, parameter_server=True)(_Context(1, 0))
 
 
 def test_feature_specs_parse_records_and_name_every_bad_field(tmp_path):

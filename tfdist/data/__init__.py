@@ -19,12 +19,15 @@ Sources (what ``fit`` accepts as ``data``):
   every worker runs the same number of steps. ``S`` is recorded in the checkpoint, and the
   examples of every step stay the same when the replica count changes (see ``files``).
   Record counts and byte offsets are scanned once and cached in a small index file.
+* ``IndexedSource``  -- a random-access source (``tfds:NAME`` stored as ArrayRecord, through
+  ``tfds.data_source``): the arrays' exact global shuffle, each batch read by index through
+  ``tf.numpy_function``; synchronous strategies only.
 * ``StreamSource``   -- any ``tf.data.Dataset`` of unbatched ``(x, y)``: the fallback. Every
   worker reads all of it, resuming replays the epoch up to the position, and an unknown
   length costs a counting pass (a warning says so, and names the file source as the fix).
 
 Modules: ``batching`` (BatchSizes; no TensorFlow), ``order`` (DataPlan, seeded keys and
-permutations), ``arrays``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
+permutations), ``arrays``, ``indexed``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
 and offset reads), ``stream``, ``tfds``, ``features`` (JSON feature specs), ``pipeline`` (what
 ``fit`` calls), ``loading`` (named data).
 
@@ -37,6 +40,7 @@ checkpoint) -> ``dataset_fn(source, plan, start_step=..., stop_step=...)`` for
 from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource
 from tfdist.data.batching import DEFAULT_PER_REPLICA_BATCH, BatchSizes
 from tfdist.data.files import Layout, TFRecordSource
+from tfdist.data.indexed import IndexedSource
 from tfdist.data.loading import as_source, load, load_digits, load_npz, num_classes
 from tfdist.data.order import DataPlan, _epoch_permutation
 from tfdist.data.pipeline import dataset_fn, make_plan, steps_per_epoch_for, validation_dataset, validation_input
@@ -48,6 +52,7 @@ __all__ = [
     "DataPlan",
     "DEFAULT_PER_REPLICA_BATCH",
     "DEFAULT_SHUFFLE_BUFFER",
+    "IndexedSource",
     "Layout",
     "MAX_EMBEDDED_BYTES",
     "StreamSource",

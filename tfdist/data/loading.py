@@ -8,6 +8,7 @@ import numpy as np
 
 from tfdist.data.arrays import ArraySource
 from tfdist.data.files import TFRecordSource
+from tfdist.data.indexed import IndexedSource
 from tfdist.data.stream import StreamSource
 from tfdist.errors import DataError
 
@@ -142,7 +143,7 @@ def as_source(data: Any) -> Any:
     """Turns what the user passed as ``data`` into a source."""
     import tensorflow as tf
 
-    if isinstance(data, (ArraySource, StreamSource, TFRecordSource)):
+    if isinstance(data, (ArraySource, IndexedSource, StreamSource, TFRecordSource)):
         return data
     if isinstance(data, str):
         return load(data)[0]

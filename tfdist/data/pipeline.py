@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tfdist.data import order as order_mod
 from tfdist.data.arrays import ArraySource
+from tfdist.data.indexed import IndexedSource
 from tfdist.data.batching import BatchSizes
 from tfdist.data.files import TFRecordSource
 from tfdist.data.order import DataPlan
@@ -18,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("tfdist")
 
-Source = Any  # ArraySource | StreamSource | TFRecordSource
+Source = Any  # ArraySource | IndexedSource | StreamSource | TFRecordSource
+_INDEXED = (ArraySource, IndexedSource)  # read by index: (seed, epoch)-permutation of all examples
 
 
 def _check_steps(steps_per_epoch) -> None:
@@ -128,7 +130,7 @@ def dataset_fn(
         if plan.layout is None:
             raise ValueError("a file source needs a plan made by make_plan (plan.layout is None)")
         inner = source.dataset_fn(plan, start_step=start_step, stop_step=stop_step, parameter_server=parameter_server)
-    elif isinstance(source, ArraySource):
+    elif isinstance(source, _INDEXED):
         inner = _array_dataset_fn(source, plan, start_step=start_step, stop_step=stop_step,
                                   parameter_server=parameter_server)
     else:
@@ -150,7 +152,7 @@ def _finish(ds: "tf.data.Dataset") -> "tf.data.Dataset":
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
-def _array_dataset_fn(source: ArraySource, plan: DataPlan, *, start_step, stop_step, parameter_server):
+def _array_dataset_fn(source: ArraySource | IndexedSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
     import tensorflow as tf
 
     spe, sizes = plan.steps_per_epoch, plan.sizes
@@ -245,7 +247,7 @@ def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) 
     """
     import tensorflow as tf
 
-    if isinstance(source, ArraySource):
+    if isinstance(source, _INDEXED):
         gather = source.gather_fn(embed=embed)
         n = source.num_examples
         ds = tf.data.Dataset.range(0, n, batch_size).map(

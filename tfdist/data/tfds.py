@@ -2,8 +2,8 @@
 
 Record counts come from the data set's metadata (``shard_lengths``): no pass over the data
 before training. Nothing is ever downloaded: a data set that is not prepared gives an
-error naming the fix. Data sets stored as ArrayRecord (not TFRecord) are read in order as a
-stream, with the costs of a stream.
+error naming the fix. Data sets stored as ArrayRecord are read by index instead
+(``IndexedSource``: an exact global shuffle, synchronous strategies only).
 """
 
 from __future__ import annotations
@@ -101,15 +101,34 @@ def source(name: str, split: str, *, data_dir: str | None = None, cache_dir: str
     if missing:
         raise _not_prepared(name, b)
     fmt = _file_format(b)
+    if fmt == "array_record":
+        return indexed(name, split, b)
     if fmt != "tfrecord":
         from tfdist.data.stream import StreamSource
 
-        log.warning("TensorFlow Datasets '%s' is stored as %s, which the file source cannot read by block; "
+        log.warning("TensorFlow Datasets '%s' is stored as %s, which tfdist cannot read by block or by index; "
                     "reading it in order as a stream. Fix: prepare it with file_format='tfrecord'", name, fmt)
         ds = b.as_dataset(split=split, as_supervised=True, shuffle_files=False)
         return StreamSource(ds.map(lambda x, y: (_scale(x), y)))
     return TFRecordSource(files, parse_fn(b, name), record_counts=counts, cache_dir=cache_dir,
                           num_classes=num_classes(b, name), name=f"tfds:{name}[{split}]")
+
+
+def indexed(name: str, split: str, b):
+    """An ArrayRecord split read by index (``tfds.data_source``): an exact global shuffle, synchronous strategies only."""
+    from tfdist.data.indexed import IndexedSource
+
+    try:
+        random_access = b.as_data_source(split=split)
+    except Exception as e:  # array_record missing or the files unreadable
+        raise DataError(f"cannot read TensorFlow Datasets '{name}' [{split}] by index ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:160]}). Fix: pip install array_record, or prepare it with "
+                        "file_format='tfrecord'.") from None
+    x_key, y_key = _supervised(b, name)
+    info = b.info.splits[split]
+    identity = [[str(fi.filename).rsplit("/", 1)[-1], int(fi.examples_in_shard)] for fi in info.file_instructions]
+    return IndexedSource(random_access, x_key=x_key, y_key=y_key, name=f"tfds:{name}[{split}]",
+                         num_classes=num_classes(b, name), identity=identity)
 
 
 def _not_prepared(name: str, b) -> DataError:

@@ -304,14 +304,14 @@ class TFRecordSource:
         )
 
     def reader(self, plan) -> "_Reader":
-        self.sample(1)  # checks parse_fn
         return _Reader(self._tables(), plan.layout, seed=plan.seed, shuffle=plan.shuffle)
 
     def dataset_fn(self, plan, *, start_step: int, stop_step: int | None, parameter_server: bool) -> Callable:
         """See ``pipeline.dataset_fn``: the same contract, for files."""
         import tensorflow as tf
 
-        layout, sizes, spe = plan.layout, plan.sizes, plan.steps_per_epoch
+        sizes, spe = plan.sizes, plan.steps_per_epoch
+        self.sample(1)  # checks parse_fn here, eagerly: under parameter servers `make` is traced
         parse = self._parse
         last_epoch = (stop_step - 1) // spe if stop_step is not None and not parameter_server else None
 

@@ -294,8 +294,8 @@ def main() -> None:
         results["b"] = {"runs": runs, "ratios": ratios, "steps": steps}
         stats = _common.summary(ratios)
         rows.append((f"(b) bytes read by a worker's pipeline, 2 workers / 1 worker ({steps} steps of {BATCH})",
-                     f"{_common.fmt_ratio(stats)}; {_common.fmt(_common.summary(runs[1]), 1e-6, ' MB')} vs "
-                     f"{_common.fmt(_common.summary(runs[2]), 1e-6, ' MB')}",
+                     f"{_common.fmt_ratio(stats)}; {_common.fmt(_common.summary(runs[2]), 1e-6, ' MB')} vs "
+                     f"{_common.fmt(_common.summary(runs[1]), 1e-6, ' MB')}",
                      f"<= {TARGETS['b']}", _common.verdict(stats["median"], TARGETS["b"])))
 
     if "c" in args.parts:

@@ -18,6 +18,8 @@ from tfdist.errors import BatchSizeError
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
+# Names the way orders are computed; recorded in checkpoints (``data_order``) and changed with it.
+ORDER_VERSION = "index-shuffle-1"
 # Purposes folded into the keys, so that two uses of one (seed, epoch) never share a stream.
 EXAMPLES, BLOCKS, WINDOWS = 1, 2, 3
 _MASK63 = (1 << 63) - 1
@@ -44,7 +46,7 @@ class DataPlan:
         return self.steps_per_epoch * self.epochs
 
     def metadata(self) -> dict:
-        order = {"shuffle": self.shuffle}
+        order = {"order": ORDER_VERSION, "shuffle": self.shuffle}
         if self.layout is not None:
             order.update(self.layout.as_dict())
         return {"data_order": order}

@@ -267,6 +267,7 @@ def resume(reps: int, naive_reps: int, far: int, near: int, batch: int) -> dict:
     import numpy as np
 
     from tfdist import data as data_mod
+    from tfdist.data import order as order_mod
 
     steps = far + 10 + 1000
     n = steps * batch
@@ -286,7 +287,7 @@ def resume(reps: int, naive_reps: int, far: int, near: int, batch: int) -> dict:
         return time.perf_counter() - t0, x.numpy()
 
     # The expected first batch of step S: positions [S*B, (S+1)*B) of the epoch's permutation.
-    order = data_mod._epoch_permutation(n, plan.seed, 0, True).numpy()
+    order = order_mod.epoch_permutation(n, plan.seed, 0, True).numpy()
     expected = {s: source.x[order[s * batch:(s + 1) * batch]] for s in (near, far)}
     first_batch(near, False)  # warm-up (discarded)
     runs = {f"start {near}": [], f"start {far}": [], f"skip {near}": [], f"skip {far}": []}

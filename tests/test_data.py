@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from tfdist import data
+from tfdist.data.order import epoch_permutation
 from tfdist.errors import BatchSizeError, DataError
 
 
@@ -57,9 +58,11 @@ def test_batch_errors_name_the_values_and_the_fix(kwargs, text):
 def test_steps_per_epoch_drops_the_remainder_and_checks_size():
     sizes = data.BatchSizes.resolve(num_replicas=1, batch_size=30)
     assert data.steps_per_epoch_for(_source(100), sizes, None) == 3
-    assert data.steps_per_epoch_for(_source(100), sizes, 7) == 7
+    assert data.steps_per_epoch_for(_source(100), sizes, 2) == 2
     with pytest.raises(BatchSizeError, match="larger than the data"):
         data.steps_per_epoch_for(_source(10), sizes, None)
+    with pytest.raises(BatchSizeError, match=r"steps_per_epoch=7 exceeds the 3 whole global batches.*Fix: pass steps_per_epoch <= 3"):
+        data.steps_per_epoch_for(_source(100), sizes, 7)
 
 
 def _plan(global_batch=8, replicas=2, spe=5, epochs=3, seed=7, accum=1):
@@ -162,11 +165,58 @@ def test_npz_data(tmp_path):
     np.savez(bad, features=np.zeros(3))
     with pytest.raises(DataError, match="arrays named x and y"):
         data.load(str(bad))
+    np.savez(bad, x=np.zeros((10, 2)), y=np.zeros(7))
+    with pytest.raises(DataError, match="received x with 10 rows and y with 7"):
+        data.load(str(bad))
 
 
-def test_tfds_mock_data_is_read_without_download():
-    tfds = pytest.importorskip("tensorflow_datasets")
-    with tfds.testing.mock_data(num_examples=24):
-        train, val = data.load("tfds:mnist")
-    assert train.num_examples == 24 and train.example_shape == (28, 28, 1)
-    assert float(train.x.max()) <= 1.0
+def test_tfds_that_is_not_prepared_is_never_downloaded_and_names_the_fix(tmp_path):
+    pytest.importorskip("tensorflow_datasets")
+    from tfdist.data import tfds as tfds_mod
+
+    with pytest.raises(DataError, match=r"not prepared in .*Fix: run `tfds build mnist`"):
+        tfds_mod.load("mnist", data_dir=str(tmp_path))
+    with pytest.raises(DataError, match="unknown TensorFlow Datasets name"):
+        data.load("tfds:no_such_dataset_anywhere")
+
+
+def test_arrays_stay_out_of_the_graph_except_under_parameter_servers(monkeypatch):
+    source = data.ArraySource(np.ones((50_000, 20), np.float32), np.arange(50_000))  # 4 MB
+    plan = _plan(global_batch=8, replicas=1, spe=5, epochs=1)
+    ds = data.dataset_fn(source, plan, start_step=0, stop_step=5)(None)
+    assert len(ds._as_serialized_graph().numpy()) < 100_000  # gathered from the NumPy arrays in place
+    assert [y.tolist() for _, y in ds.as_numpy_iterator()] == _labels(ds)
+    embedded = data.dataset_fn(source, plan, start_step=0, parameter_server=True)(_Context(1, 0))
+    assert len(embedded._as_serialized_graph().numpy()) > 4_000_000
+    monkeypatch.setattr(data.arrays, "MAX_EMBEDDED_BYTES", 1 << 20)
+    with pytest.raises(DataError, match=r"4 MiB is too large to send to parameter-server workers.*TFRecordSource"):
+        data.dataset_fn(source, plan, start_step=0, parameter_server=True)(_Context(1, 0))
+
+
+def test_the_order_is_a_seeded_permutation_computed_per_position():
+    import tensorflow as tf
+
+    order = epoch_permutation(1000, 3, 0, True).numpy()
+    assert sorted(order) == list(range(1000)) and order.tolist() != list(range(1000))
+    assert not np.array_equal(order, epoch_permutation(1000, 3, 1, True).numpy())
+    # Neighbouring positions land far apart (one round of index_shuffle leaves them correlated).
+    assert abs(np.corrcoef(order[:-1], order[1:])[0, 1]) < 0.1
+    some = data.order.example_order(1000, 3, 0, True, tf.constant([5, 500, 999], tf.int64)).numpy()
+    assert some.tolist() == order[[5, 500, 999]].tolist()
+    source, plan = _source(40), _plan(global_batch=8, replicas=1, spe=5, epochs=1, seed=3)
+    first = _labels(data.dataset_fn(source, plan, start_step=0, stop_step=5)(None))
+    assert sum(first, []) == epoch_permutation(40, 3, 0, True).numpy().tolist()
+
+
+def test_a_stream_warns_of_its_costs_and_names_the_file_source(caplog):
+    import tensorflow as tf
+
+    stream = data.StreamSource(tf.data.Dataset.from_tensor_slices((np.zeros((20, 2)), np.arange(20))))
+    sizes = data.BatchSizes.resolve(num_replicas=1, batch_size=4)
+    with caplog.at_level("WARNING", logger="tfdist"):
+        plan = data.make_plan(stream, sizes, steps_per_epoch=None, epochs=1, seed=0)
+    assert plan.steps_per_epoch == 5
+    assert "every worker reads and decodes the whole stream" in caplog.text and "TFRecordSource" in caplog.text
+    first = stream.fingerprint()
+    changed = data.StreamSource(tf.data.Dataset.from_tensor_slices((np.zeros((20, 2)), np.arange(20) % 7)))
+    assert changed.fingerprint() != first  # more than the first element is hashed

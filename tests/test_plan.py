@@ -16,9 +16,9 @@ from tfdist.planning.planner import (
     Plan,
     plan,
     ring_allreduce_seconds,
-    solve_grad_accum_steps,
     young_daly_interval,
 )
+from tfdist.data.batching import solve_grad_accum_steps
 from tfdist.planning.units import parse_bytes, parse_count, parse_duration
 
 

@@ -35,6 +35,7 @@ _LAZY = {
     "ClusterSpec": "tfdist.cluster",
     "plan": "tfdist.planning",
     "Plan": "tfdist.planning",
+    "TFRecordSource": "tfdist.data.files",
 }
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "ClusterSpec",
     "plan",
     "Plan",
+    "TFRecordSource",
     "TfdistError",
     "ClusterConfigError",
     "StrategyError",
@@ -66,6 +68,7 @@ if _env.launched():  # a task of `tfdist launch`: a bad-input error must not be 
 if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import ClusterSpec
     from tfdist.cluster import detect as detect_cluster
+    from tfdist.data.files import TFRecordSource
     from tfdist.training import fit
     from tfdist.planning import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu

@@ -215,9 +215,13 @@ class RunMetadata:
     epochs: int | None = None
     tfdist_version: str | None = None
     tensorflow_version: str | None = None
+    data_order: dict | None = None
 
+    # The TensorFlow version is part of the run: the data order comes from stateless random ops
+    # (index_shuffle, philox), whose outputs TensorFlow does not promise to keep across versions.
     MUST_MATCH: ClassVar[tuple[str, ...]] = (
-        "global_batch_size", "data_fingerprint", "model_fingerprint", "seed", "shuffle",
+        "global_batch_size", "data_fingerprint", "model_fingerprint", "seed", "shuffle", "data_order",
+        "tensorflow_version",
     )
 
     def differences(self, saved: "Metadata") -> list[str]:
@@ -283,6 +287,11 @@ class Metadata:
     @property
     def seed(self) -> int | None:
         return _typed(self.raw.get("seed"), int)
+
+    @property
+    def data_order(self) -> dict | None:
+        """How the run orders its data (``DataPlan.order_record()``); None for checkpoints of older tfdist."""
+        return _typed(self.raw.get("data_order"), dict)
 
     @property
     def epochs(self) -> int | None:

@@ -43,7 +43,14 @@ def register(subparsers) -> None:
     )
     model = parser.add_argument_group("model and data")
     model.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS), help=f"built-in model (default {DEFAULT_MODEL})")
-    model.add_argument("--data", default="digits", help="'digits' (bundled, default), 'tfds:NAME', or a path to an .npz with x and y")
+    model.add_argument("--data", default="digits", metavar="DATA",
+                       help="'digits' (bundled, default), 'tfds:NAME' (prepared in TFDS_DATA_DIR), a path to an .npz "
+                       "with x and y, or TFRecord files (a path or a quoted glob, e.g. 'DIR/train-*.tfrecord') with --features")
+    model.add_argument("--features", default=None, metavar="SPEC",
+                       help="how to parse TFRecord --data: a JSON feature spec (x, y, num_classes; see tfdist.data.features) "
+                       "or tfds:NAME (that data set's features)")
+    model.add_argument("--validation-data", default=None, metavar="FILES",
+                       help="TFRecord validation files (a path or a quoted glob), parsed with --features")
     model.add_argument("--learning-rate", type=_positive_float, default=2e-3, help="Adam learning rate (default 0.002)")
     model.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None, help="Keras mixed-precision policy")
 
@@ -121,10 +128,18 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist import models
     from tfdist.training import fit
 
-    train, validation = data_mod.load(args.data)
-    num_classes = int(max(int(train.y.max()), int(validation.y.max()) if validation is not None else 0)) + 1
-    builder = models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
-                             learning_rate=args.learning_rate)
+    # The record index of read-only data directories is cached next to the checkpoints.
+    train, validation = data_mod.load(args.data, features=args.features, validation=args.validation_data,
+                                      cache_dir=checkpoint_dir)
+    num_classes = data_mod.num_classes(train, validation)
+
+    def builder():
+        # Called by fit once the strategy exists: reading a file source's example shape runs
+        # TensorFlow ops, which must not start before a multi-worker strategy is created.
+        return models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
+                              learning_rate=args.learning_rate)()
+
+    builder.__name__ = f"build_{args.model}"
     if cluster.task_type == cluster_mod.EVALUATOR:
         from tfdist.training.evaluator import run_sidecar
 

@@ -28,6 +28,7 @@ import math
 from typing import Any, Sequence
 
 from tfdist import _checks
+from tfdist.data.batching import resolve_micro_and_accum
 from tfdist.errors import PlanError
 from tfdist.planning.units import format_bytes, format_seconds, parse_bytes, parse_duration
 
@@ -50,20 +51,6 @@ def ring_allreduce_seconds(*, replicas: int, gradient_bytes: float, link_bandwid
 def young_daly_interval(*, write_seconds: float, mtbf: float) -> float:
     """Young/Daly first-order optimal seconds of work between checkpoints: sqrt(2 x write x MTBF)."""
     return math.sqrt(2 * write_seconds * mtbf)
-
-
-def solve_grad_accum_steps(*, global_batch_size: int, replicas: int, max_micro_batch_size: int) -> int:
-    """The smallest k with global % (k x replicas) == 0 and global / (k x replicas) <= max micro batch."""
-    for k in range(1, global_batch_size // replicas + 1):
-        if global_batch_size % (k * replicas) == 0 and global_batch_size // (k * replicas) <= max_micro_batch_size:
-            return k
-    below = global_batch_size - global_batch_size % replicas
-    nearest = ", ".join(str(g) for g in (below, below + replicas) if g > 0)
-    raise PlanError(
-        f"Invalid `global_batch_size`; received global_batch_size={global_batch_size}, which no number of "
-        f"accumulation steps splits over {replicas} replicas (nodes x gpus_per_node) in micro batches of at most "
-        f"max_micro_batch_size={max_micro_batch_size}. Fix: use a multiple of {replicas}, e.g. {nearest}."
-    )
 
 
 # --- validation ---------------------------------------------------------------------------
@@ -403,55 +390,6 @@ class Plan:
 
 
 # --- the plan -------------------------------------------------------------------------------
-def _resolve_batch(
-    *, replicas: int, micro: int | None, accum: int | None, global_batch: int | None, max_micro: int | None
-) -> tuple[int, int]:
-    """(micro_batch_size, grad_accum_steps) from whichever of them and the global batch are given."""
-    if global_batch is None:
-        if micro is None:
-            raise PlanError(
-                "Missing `micro_batch_size`; received micro_batch_size=None and global_batch_size=None. "
-                "Fix: pass micro_batch_size (and grad_accum_steps), or global_batch_size."
-            )
-        accum = accum or 1
-    elif micro is not None and accum is not None:
-        if accum * replicas * micro != global_batch:
-            raise PlanError(
-                f"Invalid `global_batch_size`; received global_batch_size={global_batch}, but grad_accum_steps="
-                f"{accum} x {replicas} replicas x micro_batch_size={micro} = {accum * replicas * micro}. "
-                "Fix: pass only two of global_batch_size, grad_accum_steps and micro_batch_size."
-            )
-    elif micro is not None or accum is not None:
-        name, known = ("micro_batch_size", micro) if micro is not None else ("grad_accum_steps", accum)
-        if global_batch % (known * replicas):
-            raise PlanError(
-                f"Invalid `global_batch_size`; received global_batch_size={global_batch}, which {name}={known} x "
-                f"{replicas} replicas (nodes x gpus_per_node) does not divide. Fix: use a multiple of "
-                f"{known * replicas}, or change {name}."
-            )
-        other = global_batch // (known * replicas)
-        micro, accum = (micro, other) if micro is not None else (other, accum)
-    elif max_micro is not None:
-        accum = solve_grad_accum_steps(
-            global_batch_size=global_batch, replicas=replicas, max_micro_batch_size=max_micro
-        )
-        micro = global_batch // (accum * replicas)
-    else:
-        if global_batch % replicas:
-            raise PlanError(
-                f"Invalid `global_batch_size`; received global_batch_size={global_batch}, not divisible by "
-                f"{replicas} replicas (nodes x gpus_per_node). Fix: use a multiple of {replicas}, or pass "
-                "max_micro_batch_size to solve for the accumulation steps."
-            )
-        accum, micro = 1, global_batch // replicas
-    if max_micro is not None and micro > max_micro:
-        raise PlanError(
-            f"Invalid `micro_batch_size`; received micro_batch_size={micro}, above "
-            f"max_micro_batch_size={max_micro}. Fix: raise grad_accum_steps or lower the batch."
-        )
-    return micro, accum
-
-
 def plan(
     *,
     samples: int,
@@ -501,9 +439,9 @@ def plan(
             check_int(name, value)
     check_int("measure_steps", measure_steps)
     check_int("measure_warmup", measure_warmup, minimum=0)
-    micro, accum = _resolve_batch(
+    micro, accum = resolve_micro_and_accum(
         replicas=nodes * gpus_per_node, micro=micro_batch_size, accum=grad_accum_steps,
-        global_batch=global_batch_size, max_micro=max_micro_batch_size,
+        global_batch=global_batch_size, max_micro=max_micro_batch_size, error=PlanError,
     )
     if params is not None and model is not None:
         raise PlanError(

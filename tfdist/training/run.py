@@ -99,7 +99,8 @@ def fit(
     if not strategy_mod.trains_here(strategy, cluster):
         serve(cluster)  # ps and worker tasks of a parameter-server cluster
         return None
-    seed = _seed(seed, deterministic=deterministic, options=options)
+    recorded = layout.latest_metadata(options.directory) if options is not None and options.resume else None
+    seed = _seed(seed, deterministic=deterministic, recorded=recorded)
     strat = strategy_mod.make_strategy(
         strategy, cluster=cluster, devices=devices, all_reduce=all_reduce, bytes_per_pack=bytes_per_pack,
         collective_timeout=collective_timeout,
@@ -107,8 +108,9 @@ def fit(
     traits = strategy_mod.traits(strat, cluster)
     # 2. Data plan.
     shape = _data_plan(
-        data, validation_data, strat, epochs=epochs, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
-        grad_accum_steps=grad_accum_steps, steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle,
+        data, validation_data, strat, traits, epochs=epochs, batch_size=batch_size,
+        per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
+        steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, recorded=recorded,
     )
     # 3. Model in scope.
     built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
@@ -175,14 +177,13 @@ def _check_role(cluster: ClusterSpec) -> None:
         )
 
 
-def _seed(seed: int | None, *, deterministic: bool, options: CheckpointOptions | None) -> int:
+def _seed(seed: int | None, *, deterministic: bool, recorded: layout.Metadata | None) -> int:
     """The run's seed: given, else the resumed run's own (its data order continues), else a
     fresh one (logged). Seeds Python, NumPy and TensorFlow; switches on op determinism."""
     import tensorflow as tf
 
-    if seed is None and options is not None and options.resume:
-        saved = layout.latest_metadata(options.directory)
-        seed = saved.seed if saved is not None else None
+    if seed is None and recorded is not None:
+        seed = recorded.seed
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
         log.info("seed %d (pass seed= to make the run reproducible)", seed)
@@ -193,9 +194,10 @@ def _seed(seed: int | None, *, deterministic: bool, options: CheckpointOptions |
 
 
 # --- 2. data plan ------------------------------------------------------------------------------
-def _data_plan(data, validation_data, strat, *, epochs, batch_size, per_replica_batch_size, grad_accum_steps,
-               steps_per_epoch, seed, shuffle) -> _Shape:
-    """Reads the data's description (not the data), resolves the batch sizes and the steps."""
+def _data_plan(data, validation_data, strat, traits, *, epochs, batch_size, per_replica_batch_size,
+               grad_accum_steps, steps_per_epoch, seed, shuffle, recorded) -> _Shape:
+    """Reads the data's description (not the data), resolves the batch sizes and the steps; a
+    resume keeps the recorded data order (e.g. a file source's streams)."""
     if isinstance(data, str):
         source, default_validation = data_mod.load(data)
         validation_data = default_validation if validation_data is None else validation_data
@@ -205,14 +207,12 @@ def _data_plan(data, validation_data, strat, *, epochs, batch_size, per_replica_
         num_replicas=strat.num_replicas_in_sync, batch_size=batch_size,
         per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
     )
-    spe = data_mod.steps_per_epoch_for(source, sizes, steps_per_epoch)
-    plan = data_mod.DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=epochs, seed=seed, shuffle=shuffle)
-    if isinstance(source, data_mod.StreamSource):
-        log.warning(
-            "data is a tf.data.Dataset: it must yield the same elements in the same order on every pass; "
-            "resuming mid-epoch skips the batches already trained on, which takes time proportional to the position"
-        )
-    log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), spe, epochs)
+    plan = data_mod.make_plan(
+        source, sizes, steps_per_epoch=steps_per_epoch, epochs=epochs, seed=seed, shuffle=shuffle,
+        parameter_server=traits.coordinated, num_workers=traits.step_tasks,
+        recorded_order=recorded.data_order if recorded is not None else None,
+    )
+    log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), plan.steps_per_epoch, epochs)
     validation = data_mod.as_source(validation_data) if validation_data is not None else None
     return _Shape(source=source, validation=validation, sizes=sizes, plan=plan)
 
@@ -258,6 +258,7 @@ def _checkpoints(options, built, strat, traits, shape: _Shape, cluster) -> tuple
         epochs=plan.epochs,
         tfdist_version=tfdist.__version__,
         tensorflow_version=tf.__version__,
+        data_order=plan.order_record(),
     )
     checkpointer = Checkpointer(
         options=options, model=built, generators=model_mod.random_generators(built), is_chief=cluster.is_chief,
@@ -296,9 +297,9 @@ def _already_complete(point: ResumePoint, checkpointer: Checkpointer, strat, tra
 def _datasets(strat, traits: strategy_mod.Traits, shape: _Shape, *, start_step: int):
     """(training data, validation data, validation steps) from ``start_step`` on.
 
-    Synchronous strategies: one distributed dataset, every pipeline feeding its own replicas.
-    Coordinated (parameter servers): a dataset creator run on every worker; validation is
-    read whole by each worker, repeated, with its steps counted."""
+    Synchronous strategies: one distributed dataset, every pipeline feeding its own replicas;
+    each replica validates its own part. Coordinated (parameter servers): a dataset creator run
+    on every worker (see ``data.validation_input`` for validation)."""
     import tf_keras
 
     plan, sizes = shape.plan, shape.sizes
@@ -312,14 +313,8 @@ def _datasets(strat, traits: strategy_mod.Traits, shape: _Shape, *, start_step: 
         )
     if shape.validation is None:
         return train, None, None
-    batch = sizes.global_batch_size // sizes.grad_accum_steps
-    validation = data_mod.validation_dataset(shape.validation, batch)
-    steps = None
-    if traits.coordinated:
-        # Each worker reads its own copy: repeat it, and count the steps (approximate: the
-        # batches a worker evaluates depend on scheduling).
-        validation = validation.repeat()
-        steps = max(1, -(-(shape.validation.num_examples or batch) // batch))
+    validation, steps = data_mod.validation_input(shape.validation, sizes, strategy=strat,
+                                                  parameter_server=traits.coordinated)
     return train, validation, steps
 
 

@@ -1,0 +1,70 @@
+"""The data path: batch arithmetic, data sources, and a deterministic, resumable order.
+
+A run's data is a pure function of (seed, epoch, step), so a resumed run reads exactly the
+batches the uninterrupted run would have read, and reaches its position in bounded time.
+
+Sources (what ``fit`` accepts as ``data``):
+
+* ``ArraySource``    -- in-memory NumPy arrays (``(x, y)``, ``digits``, ``.npz``). Epoch ``e``
+  visits the examples in a permutation seeded by ``(seed, e)``, computed per position
+  (``index_shuffle``) without building it; global step ``t`` takes positions
+  ``[t * G, (t + 1) * G)``. Synchronous strategies gather from the arrays in place; under
+  parameter servers the arrays travel inside the dataset function, so they are limited to
+  ``arrays.MAX_EMBEDDED_BYTES`` (64 MiB): larger data belongs in files.
+* ``TFRecordSource`` -- TFRecord files of any size on any TensorFlow filesystem, and
+  ``tfds:NAME`` (a prepared TFDS data set, read through the same machinery). The files are
+  cut into blocks of ~2 MiB that each epoch shuffles and deals to ``S`` streams; replica
+  ``r`` reads only its streams, so each worker reads 1/W of the bytes; records are shuffled
+  within windows of ``K`` blocks; resuming opens one window per stream, whatever the step;
+  every worker runs the same number of steps. ``S`` is recorded in the checkpoint, and the
+  examples of every step stay the same when the replica count changes (see ``files``).
+  Record counts and byte offsets are scanned once and cached in a small index file.
+* ``IndexedSource``  -- a random-access source (``tfds:NAME`` stored as ArrayRecord, through
+  ``tfds.data_source``): the arrays' exact global shuffle, each batch read by index through
+  ``tf.numpy_function``; synchronous strategies only.
+* ``StreamSource``   -- any ``tf.data.Dataset`` of unbatched ``(x, y)``: the fallback. Every
+  worker reads all of it, resuming replays the epoch up to the position, and an unknown
+  length costs a counting pass (a warning says so, and names the file source as the fix).
+
+Modules: ``batching`` (BatchSizes; no TensorFlow), ``order`` (DataPlan, seeded keys and
+permutations), ``arrays``, ``indexed``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
+and offset reads), ``stream``, ``tfds``, ``features`` (JSON feature specs), ``pipeline`` (what
+``fit`` calls), ``loading`` (named data).
+
+What ``fit`` calls, in order: ``load``/``as_source`` -> ``BatchSizes.resolve`` ->
+``make_plan`` (steps per epoch, the file layout; ``plan.order_record()`` goes into the
+checkpoint) -> ``dataset_fn(source, plan, start_step=..., stop_step=...)`` for
+``distribute_datasets_from_function`` -> ``validation_input``.
+"""
+
+from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource
+from tfdist.data.batching import DEFAULT_PER_REPLICA_BATCH, BatchSizes
+from tfdist.data.files import Layout, TFRecordSource
+from tfdist.data.indexed import IndexedSource
+from tfdist.data.loading import as_source, load, load_digits, load_npz, num_classes
+from tfdist.data.order import DataPlan
+from tfdist.data.pipeline import dataset_fn, make_plan, steps_per_epoch_for, validation_dataset, validation_input
+from tfdist.data.stream import DEFAULT_SHUFFLE_BUFFER, StreamSource
+
+__all__ = [
+    "ArraySource",
+    "BatchSizes",
+    "DataPlan",
+    "DEFAULT_PER_REPLICA_BATCH",
+    "DEFAULT_SHUFFLE_BUFFER",
+    "IndexedSource",
+    "Layout",
+    "MAX_EMBEDDED_BYTES",
+    "StreamSource",
+    "TFRecordSource",
+    "as_source",
+    "dataset_fn",
+    "load",
+    "load_digits",
+    "load_npz",
+    "make_plan",
+    "num_classes",
+    "steps_per_epoch_for",
+    "validation_dataset",
+    "validation_input",
+]

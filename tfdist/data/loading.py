@@ -1,0 +1,181 @@
+"""Named data: ``digits``, ``.npz`` files, ``tfds:NAME``, TFRecord globs; and what ``fit`` accepts as ``data``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tfdist.data.arrays import ArraySource
+from tfdist.data.files import TFRecordSource
+from tfdist.data.indexed import IndexedSource
+from tfdist.data.stream import StreamSource
+from tfdist.errors import DataError
+
+DATA_FORMS = "'digits', 'tfds:NAME', a path to an .npz file, or a TFRecord glob with a feature spec"
+
+
+def _scaled(x: np.ndarray) -> np.ndarray:
+    if np.issubdtype(x.dtype, np.integer):
+        return (x.astype(np.float32) / float(np.iinfo(x.dtype).max)).astype(np.float32)
+    return x.astype(np.float32, copy=False)
+
+
+def _split(x: np.ndarray, y: np.ndarray, validation_fraction: float, name: str) -> tuple[ArraySource, ArraySource]:
+    order = np.random.RandomState(0).permutation(len(x))  # fixed: the split never depends on the run's seed
+    cut = len(x) - int(round(len(x) * validation_fraction))
+    return (ArraySource(x[order[:cut]], y[order[:cut]], name=f"{name}[train]"),
+            ArraySource(x[order[cut:]], y[order[cut:]], name=f"{name}[validation]"))
+
+
+def load_digits(validation_fraction: float = 0.2) -> tuple[ArraySource, ArraySource]:
+    """scikit-learn's 8x8 handwritten digits (1,797 images, bundled: nothing is downloaded)."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    bunch = sk_load_digits()
+    x = (bunch.images.astype(np.float32) / 16.0)[..., None]
+    return _split(x, bunch.target.astype(np.int32), validation_fraction, "digits")
+
+
+def load_npz(path: str, validation_fraction: float = 0.2) -> tuple[ArraySource, ArraySource | None]:
+    """``x`` and ``y`` (and optionally ``x_val``, ``y_val``) of an ``.npz`` file; every defect is a DataError."""
+    import zipfile
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if not hasattr(archive, "files"):
+                raise ValueError("a single array, not an archive of named arrays")
+            arrays = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DataError(f"cannot read the .npz file; received data={path!r} ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:120] if str(e) else 'empty'}). Fix: pass an .npz file written by "
+                        "np.savez(path, x=..., y=...).") from None
+    if "x" not in arrays or "y" not in arrays:
+        raise DataError(
+            f"the .npz file must hold arrays named x and y; received {path!r} with {sorted(arrays)}. "
+            "Fix: save it with np.savez(path, x=..., y=...) (and optionally x_val=..., y_val=...)."
+        )
+    if ("x_val" in arrays) != ("y_val" in arrays):
+        given = "x_val" if "x_val" in arrays else "y_val"
+        raise DataError(f"the .npz file holds {given} without its pair; received {path!r} with {sorted(arrays)}. "
+                        "Fix: save both x_val and y_val, or neither.")
+    pairs = [("x", "y")] + ([("x_val", "y_val")] if "x_val" in arrays else [])
+    for xk, yk in pairs:
+        x, y = arrays[xk], arrays[yk]
+        for key, a in ((xk, x), (yk, y)):
+            if a.ndim == 0 or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+                raise DataError(f"{key} in the .npz file must be a numeric array with one row per example; received "
+                                f"{key} of dtype {a.dtype} and shape {a.shape} in {path!r}. Fix: save numeric arrays.")
+        if len(x) != len(y):
+            raise DataError(f"{xk} and {yk} in the .npz file differ in length; received {xk} with {len(x)} rows and "
+                            f"{yk} with {len(y)} in {path!r}. Fix: save one label per example.")
+        if len(x) == 0:
+            raise DataError(f"{xk} in the .npz file is empty; received {path!r}. Fix: save at least one example.")
+    if "x_val" in arrays and arrays["x_val"].shape[1:] != arrays["x"].shape[1:]:
+        raise DataError(f"x_val and x in the .npz file differ in example shape; received {arrays['x_val'].shape[1:]} and "
+                        f"{arrays['x'].shape[1:]} in {path!r}. Fix: save validation examples shaped like the training ones.")
+    x = _scaled(arrays["x"])
+    if "x_val" in arrays:
+        return ArraySource(x, arrays["y"], name=path), ArraySource(_scaled(arrays["x_val"]), arrays["y_val"], name=path)
+    if len(x) < 2:
+        raise DataError(f"the .npz file holds {len(x)} example, too few to split off validation data; received {path!r}. "
+                        "Fix: save more examples, or x_val and y_val.")
+    return _split(x, arrays["y"], validation_fraction, path)
+
+
+def load_files(pattern: str, features: str, *, validation: str | None = None, cache_dir: str | None = None):
+    """TFRecord files parsed with a feature spec: a JSON file, or ``tfds:NAME`` (that data set's features)."""
+    from tfdist.data import features as features_mod
+
+    if features.startswith("tfds:"):
+        from tfdist.data import tfds as tfds_mod
+
+        name = features[len("tfds:"):]
+        b = tfds_mod.builder(name)
+        parse, classes = tfds_mod.parse_fn(b, name), tfds_mod.num_classes(b, name)
+    else:
+        spec = features_mod.check_spec(features_mod.read_spec(features), where=features)
+        parse, classes = features_mod.parse_fn_from_spec(spec), spec.get("num_classes")
+    train = TFRecordSource(pattern, parse, cache_dir=cache_dir, num_classes=classes)
+    val = TFRecordSource(validation, parse, cache_dir=cache_dir, num_classes=classes) if validation else None
+    return train, val
+
+
+def load(spec: str, *, features: str | None = None, validation: str | None = None,
+         cache_dir: str | None = None) -> tuple[Any, Any]:
+    """Resolves the CLI's ``--data``: ``digits``, ``tfds:NAME``, a path to an ``.npz``, or TFRecord files.
+
+    TFRecord files (a path or a glob) need ``features``: a JSON feature spec (see
+    ``tfdist.data.features``) or ``tfds:NAME``; ``validation`` names validation files.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise DataError(f"unknown data; received data={spec!r}. Fix: use {DATA_FORMS}.")
+    if features is None and validation is None:
+        if spec == "digits":
+            return load_digits()
+        if spec.startswith("tfds:"):
+            from tfdist.data import tfds as tfds_mod
+
+            name = spec[len("tfds:"):]
+            if not name:
+                raise DataError("no data set name; received data='tfds:'. Fix: write tfds:NAME, e.g. tfds:mnist.")
+            return tfds_mod.load(name, cache_dir=cache_dir)
+        if spec.endswith(".npz"):
+            return load_npz(spec)
+    elif spec == "digits" or spec.startswith("tfds:") or spec.endswith(".npz"):
+        given = "--features" if features is not None else "--validation-data"
+        raise DataError(f"{given} applies to TFRecord files only; received data={spec!r} with {given}. "
+                        f"Fix: drop {given}, or pass TFRecord files as the data.")
+    if features is None:
+        import tensorflow as tf
+
+        looks_like_files = any(c in spec for c in "*?[") or tf.io.gfile.exists(spec)
+        if looks_like_files:
+            raise DataError(
+                f"TFRecord data needs a feature spec; received data={spec!r} without one. Fix: pass --features spec.json "
+                "(or --features tfds:NAME); in Python, tfdist.TFRecordSource(files, parse_fn)."
+            )
+        raise DataError(f"unknown data; received data={spec!r}. Fix: use {DATA_FORMS}.")
+    return load_files(spec, features, validation=validation, cache_dir=cache_dir)
+
+
+def as_source(data: Any) -> Any:
+    """Turns what the user passed as ``data`` into a source."""
+    import tensorflow as tf
+
+    if isinstance(data, (ArraySource, IndexedSource, StreamSource, TFRecordSource)):
+        return data
+    if isinstance(data, str):
+        return load(data)[0]
+    if isinstance(data, tf.data.Dataset):
+        return StreamSource(data)
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        return ArraySource(data[0], data[1])
+    raise DataError(
+        f"unsupported `data`; received {type(data).__name__}. Fix: pass (x, y) NumPy arrays, "
+        "tfdist.TFRecordSource(files, parse_fn), an unbatched tf.data.Dataset of (x, y), or a name such as "
+        "'digits' or 'tfds:mnist'."
+    )
+
+
+def num_classes(train: Any, validation: Any = None) -> int:
+    """The number of classes of labelled data: the largest label + 1 (arrays), else what the source declares."""
+    if isinstance(train, ArraySource):
+        labels = [s.y for s in (train, validation) if isinstance(s, ArraySource)]
+        for y in labels:
+            flat = y.reshape(len(y), -1)
+            integral = np.issubdtype(y.dtype, np.integer) or (
+                np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(np.floor(y) == y))
+            if flat.shape[1] != 1 or not integral or y.min() < 0:
+                raise DataError(
+                    f"the labels must be class numbers 0, 1, ... (one integer per example); received y of dtype {y.dtype}, "
+                    f"shape {y.shape}, smallest {y.min()!r}. Fix: save y as non-negative integers, shape (N,)."
+                )
+        return int(max(int(y.max()) for y in labels)) + 1
+    classes = getattr(train, "num_classes", None)
+    if classes is None:
+        raise DataError(
+            f"the number of classes of {getattr(train, 'name', 'the data')!r} is unknown; received no num_classes. "
+            'Fix: add "num_classes": N to the feature spec (or use a TFDS data set whose label is a ClassLabel).'
+        )
+    return int(classes)

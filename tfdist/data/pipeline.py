@@ -1,0 +1,323 @@
+"""The input pipelines fit builds: the plan of a run's data, training datasets, validation datasets."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from tfdist import _checks
+from tfdist.data import order as order_mod
+from tfdist.data.arrays import ArraySource
+from tfdist.data.indexed import IndexedSource
+from tfdist.data.batching import BatchSizes
+from tfdist.data.files import TFRecordSource
+from tfdist.data.order import DataPlan
+from tfdist.data.stream import COSTS, StreamSource
+from tfdist.errors import BatchSizeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+log = logging.getLogger("tfdist")
+
+Source = Any  # ArraySource | IndexedSource | StreamSource | TFRecordSource
+_INDEXED = (ArraySource, IndexedSource)  # read by index: (seed, epoch)-permutation of all examples
+
+
+def _check_steps(steps_per_epoch) -> None:
+    _checks.check_int("steps_per_epoch", steps_per_epoch, error=BatchSizeError)
+
+
+def steps_per_epoch_for(source: Source, sizes: BatchSizes, steps_per_epoch: int | None, *, layout=None,
+                        parameter_server: bool = False) -> int:
+    """Optimizer steps in one epoch: given, or the whole global batches in the data.
+
+    A given ``steps_per_epoch`` may not exceed what the data holds (streams excepted: they
+    are repeated). File sources count per stream (``layout``): every worker gets the same.
+    """
+    if steps_per_epoch is not None:
+        _check_steps(steps_per_epoch)
+    if isinstance(source, StreamSource):
+        return steps_per_epoch if steps_per_epoch is not None else _whole(source.count_batches(sizes.global_batch_size)
+                                                                          if source.num_examples is None else
+                                                                          source.num_examples // sizes.global_batch_size,
+                                                                          source, sizes, parameter_server)
+    if isinstance(source, TFRecordSource):
+        layout = layout or source.layout(num_replicas=sizes.num_replicas)
+        available = source.steps_per_epoch(layout, sizes.global_batch_size, parameter_server=parameter_server)
+        unit = layout.streams if parameter_server else 1
+    else:
+        available, unit = source.num_examples // sizes.global_batch_size, 1
+    available = _whole(available, source, sizes, parameter_server)
+    if steps_per_epoch is None:
+        return available
+    if steps_per_epoch > available:
+        raise BatchSizeError(
+            f"steps_per_epoch={steps_per_epoch} exceeds the {available} whole global batches of "
+            f"{sizes.global_batch_size} that the data holds per epoch ({source.num_examples} examples). "
+            f"Fix: pass steps_per_epoch <= {available}, or leave it out."
+        )
+    if steps_per_epoch % unit:
+        raise BatchSizeError(
+            f"under parameter_server a file source's steps_per_epoch must be a multiple of its {unit} streams; received "
+            f"steps_per_epoch={steps_per_epoch}. Fix: use {max(unit, steps_per_epoch // unit * unit)}, or leave it out."
+        )
+    return steps_per_epoch
+
+
+def _whole(steps: int, source: Source, sizes: BatchSizes, parameter_server: bool) -> int:
+    if steps < 1:
+        raise BatchSizeError(
+            f"the global batch {sizes.global_batch_size} is larger than the data ({source.num_examples} examples"
+            f"{', per stream' if isinstance(source, TFRecordSource) else ''}). Fix: use a smaller batch_size or more data."
+        )
+    return steps
+
+
+def make_plan(
+    source: Source,
+    sizes: BatchSizes,
+    *,
+    steps_per_epoch: int | None,
+    epochs: int,
+    seed: int,
+    shuffle: bool = True,
+    parameter_server: bool = False,
+    num_workers: int = 1,
+    recorded_order: dict | None = None,
+) -> DataPlan:
+    """The run's ``DataPlan``; ``recorded_order`` is the latest checkpoint's ``order_record()``
+    (a resume keeps its data order, e.g. the number of streams of a file source)."""
+    layout = None
+    if isinstance(source, TFRecordSource):
+        layout = source.layout(num_replicas=sizes.num_replicas, num_workers=num_workers,
+                               parameter_server=parameter_server, recorded=recorded_order)
+        if not parameter_server and layout.streams % sizes.num_replicas and sizes.num_replicas % layout.streams == 0:
+            log.info("%d replicas share the data's %d stream(s): each reads whole streams and keeps its part "
+                     "(same examples per step as the recorded run, more bytes read)", sizes.num_replicas, layout.streams)
+    elif isinstance(source, StreamSource):
+        log.warning("%s", COSTS)
+    spe = steps_per_epoch_for(source, sizes, steps_per_epoch, layout=layout, parameter_server=parameter_server)
+    used = spe * sizes.global_batch_size
+    if source.num_examples and used < source.num_examples and steps_per_epoch is None:
+        log.info("%d example(s) per epoch do not fill a global batch%s and are left out of that epoch "
+                 "(a different set each epoch when shuffling)", source.num_examples - used,
+                 f" (per stream: {layout.streams} streams)" if layout is not None else "")
+    return DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=epochs, seed=seed, shuffle=shuffle, layout=layout)
+
+
+def dataset_fn(
+    source: Source,
+    plan: DataPlan,
+    *,
+    start_step: int,
+    stop_step: int | None = None,
+    parameter_server: bool = False,
+) -> Callable[[Any], "tf.data.Dataset"]:
+    """A ``dataset_fn(input_context)`` for ``distribute_datasets_from_function``.
+
+    Synchronous strategies: every input pipeline yields, for each global step from
+    ``start_step`` to ``stop_step``, one per-replica batch per local replica -- its slice of
+    the global batch -- consecutive elements going to its local replicas in order. Parameter
+    servers (``parameter_server=True``): each worker runs whole steps, so worker ``w`` of ``W``
+    yields the global batches of steps ``start_step + w``, ``+ W``, ... forever (the
+    coordinator decides how many it runs).
+    """
+    if isinstance(source, TFRecordSource):
+        if plan.layout is None:
+            raise ValueError("a file source needs a plan made by make_plan (plan.layout is None)")
+        inner = source.dataset_fn(plan, start_step=start_step, stop_step=stop_step, parameter_server=parameter_server)
+    elif isinstance(source, _INDEXED):
+        inner = _array_dataset_fn(source, plan, start_step=start_step, stop_step=stop_step,
+                                  parameter_server=parameter_server)
+    else:
+        inner = _stream_dataset_fn(source, plan, start_step=start_step, stop_step=stop_step,
+                                   parameter_server=parameter_server)
+
+    def make(input_context=None):
+        return _finish(inner(input_context))
+
+    return make
+
+
+def _finish(ds: "tf.data.Dataset") -> "tf.data.Dataset":
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    options.deterministic = True
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _array_dataset_fn(source: ArraySource | IndexedSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
+    import tensorflow as tf
+
+    spe, sizes = plan.steps_per_epoch, plan.sizes
+    stop = None if parameter_server else stop_step
+    last_epoch = (stop - 1) // spe if stop is not None else None
+
+    def make(input_context=None):
+        if parameter_server:
+            offset, length, local_replicas = 0, sizes.global_batch_size, sizes.num_replicas
+            stride = input_context.num_input_pipelines if input_context else 1
+            first_step = start_step + (input_context.input_pipeline_id if input_context else 0)
+        else:
+            part = order_mod.pipeline_slice(sizes, input_context)
+            offset, length, local_replicas = part.offset, part.length, part.local_replicas
+            stride, first_step = 1, start_step
+        per_replica = sizes.per_replica_batch_size
+        gather = source.gather_fn(embed=parameter_server)
+        epochs = tf.data.Dataset.range(first_step // spe, last_epoch + 1 if last_epoch is not None else 2**62)
+
+        def epoch_dataset(epoch):
+            begin, end = order_mod.steps_of_epoch(epoch, steps_per_epoch=spe, first_step=first_step, stop_step=stop,
+                                                  stride=stride)
+
+            def step_indices(step):
+                positions = step * sizes.global_batch_size + offset + tf.range(length, dtype=tf.int64)
+                examples = order_mod.example_order(source.num_examples, plan.seed, epoch, plan.shuffle, positions)
+                return tf.reshape(examples, [local_replicas, per_replica])
+
+            return tf.data.Dataset.range(begin, end, stride).map(step_indices).unbatch()
+
+        return epochs.flat_map(epoch_dataset).map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    return make
+
+
+def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
+    import tensorflow as tf
+
+    spe, sizes = plan.steps_per_epoch, plan.sizes
+    stop = None if parameter_server else stop_step
+    last_epoch = (stop - 1) // spe if stop is not None else None
+
+    def make(input_context=None):
+        if parameter_server:
+            offset, length, local_replicas = 0, sizes.global_batch_size, sizes.num_replicas
+            step_stride = input_context.num_input_pipelines if input_context else 1
+            step_offset = input_context.input_pipeline_id if input_context else 0
+        else:
+            part = order_mod.pipeline_slice(sizes, input_context)
+            offset, length, local_replicas = part.offset, part.length, part.local_replicas
+            step_stride, step_offset = 1, 0
+        per_replica = sizes.per_replica_batch_size
+        first_step = start_step + step_offset
+        first_epoch = first_step // spe
+        stream = source.dataset.map(lambda *e: tuple(e[:2]))
+
+        def cut(t):
+            return tf.reshape(t[offset:offset + length], tf.concat([[local_replicas, per_replica], tf.shape(t)[1:]], 0))
+
+        def epoch_dataset(epoch: int):  # a Python int: shuffle seeds must be Python values
+            shuffled = stream
+            if plan.shuffle:
+                shuffled = stream.shuffle(source.shuffle_buffer, seed=plan.seed * 1_000_003 + epoch,
+                                          reshuffle_each_iteration=False)
+            batches = shuffled.repeat().batch(sizes.global_batch_size, drop_remainder=True).take(spe)
+            begin = max(first_step, epoch * spe)
+            begin += (first_step - begin) % step_stride
+            end = (epoch + 1) * spe if stop is None else min((epoch + 1) * spe, stop)
+            batches = batches.skip(begin - epoch * spe)  # O(position): the documented cost of a stream
+            batches = batches.take(max(0, end - begin)).shard(step_stride, 0)
+            return batches.map(lambda x, y: (cut(x), cut(y))).unbatch()
+
+        # Parameter servers run on past the end: cycle through the run's epochs again.
+        final = last_epoch if last_epoch is not None else first_epoch + plan.epochs - 1
+        ds = epoch_dataset(first_epoch)
+        for epoch in range(first_epoch + 1, final + 1):
+            ds = ds.concatenate(epoch_dataset(epoch))
+        if last_epoch is None:
+            ds = ds.repeat()
+        return ds
+
+    return make
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) -> "tf.data.Dataset":
+    """Every validation example once, in order, in batches of ``batch_size`` (one process reads it all).
+
+    ``embed``: the dataset will run in other processes (parameter servers): arrays go into its graph.
+    """
+    import tensorflow as tf
+
+    if isinstance(source, _INDEXED):
+        gather = source.gather_fn(embed=embed)
+        n = source.num_examples
+        ds = tf.data.Dataset.range(0, n, batch_size).map(
+            lambda i: gather(tf.range(i, tf.minimum(i + batch_size, n))))
+    elif isinstance(source, TFRecordSource):
+        ds = source.records_dataset(0, source.num_records).batch(batch_size).map(
+            source._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        ds = source.dataset.map(lambda *e: tuple(e[:2])).batch(batch_size)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def validation_input(source: Source, sizes: BatchSizes, *, strategy, parameter_server: bool = False):
+    """``(validation_data, validation_steps)`` for Keras ``fit`` under ``strategy``.
+
+    In-memory and file sources under synchronous strategies: a distributed dataset in which
+    replica ``r`` of ``M`` evaluates the contiguous ``r``-th ``1/M`` of the examples, so each
+    worker reads only its part. Every replica runs the same number of steps; a replica whose
+    part ran out gets empty batches (they add nothing to Keras' loss and metric sums, which
+    are weighted by batch size), so the metrics are those of the whole set. Streams: one
+    dataset that each worker reads whole (auto-sharded by data). Parameter servers: each
+    worker reads its own copy, repeated; the step count covers the set once (approximate:
+    which batches a worker evaluates depends on scheduling).
+    """
+    import tensorflow as tf
+
+    batch = sizes.global_batch_size // sizes.grad_accum_steps
+    if parameter_server or isinstance(source, StreamSource):
+        ds = validation_dataset(source, batch, embed=parameter_server)
+        if not parameter_server:
+            return ds, None
+        return ds.repeat(), max(1, -(-(source.num_examples or batch) // batch))
+    replicas, micro = sizes.num_replicas, sizes.micro_batch_size
+    n = source.num_examples
+    bounds = [r * n // replicas for r in range(replicas + 1)]
+    steps = max(-(-(bounds[r + 1] - bounds[r]) // micro) for r in range(replicas))
+
+    def make(input_context=None):
+        part = order_mod.pipeline_slice(sizes, input_context)
+        first = part.pipeline_id * part.local_replicas
+        per_replica = [_replica_batches(source, bounds[r], bounds[r + 1], micro, steps)
+                       for r in range(first, first + part.local_replicas)]
+        ds = tf.data.Dataset.zip(tuple(per_replica)).flat_map(lambda *batches: _interleave(batches))
+        if isinstance(source, TFRecordSource):
+            ds = ds.map(source._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        else:
+            ds = ds.map(source.gather_fn(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return _finish(ds)
+
+    return strategy.distribute_datasets_from_function(make), steps
+
+
+def _interleave(batches) -> "tf.data.Dataset":
+    """One element per local replica, in replica order."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensors(batches[0])
+    for b in batches[1:]:
+        ds = ds.concatenate(tf.data.Dataset.from_tensors(b))
+    return ds
+
+
+def _replica_batches(source: Source, begin: int, end: int, micro: int, steps: int) -> "tf.data.Dataset":
+    """``steps`` batches of what replica reads (indices or serialized records), empty ones after its part ends."""
+    import tensorflow as tf
+
+    if isinstance(source, TFRecordSource):
+        ds = source.records_dataset(begin, end).batch(micro)
+        empty = tf.zeros([0], tf.string)
+    else:
+        ds = tf.data.Dataset.range(begin, end).batch(micro)
+        empty = tf.zeros([0], tf.int64)
+    have = -(-(end - begin) // micro)
+    return ds.concatenate(tf.data.Dataset.from_tensors(empty).repeat(steps - have))

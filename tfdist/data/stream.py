@@ -1,0 +1,86 @@
+"""A user's ``tf.data.Dataset`` of unbatched ``(x, y)``: the fallback source, with its costs stated."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tfdist.data.arrays import hash_arrays
+from tfdist.errors import DataError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+log = logging.getLogger("tfdist")
+
+DEFAULT_SHUFFLE_BUFFER = 10_000
+FINGERPRINT_ELEMENTS = 64
+
+COSTS = (
+    "data is a tf.data.Dataset, which tfdist can only read in order: every worker reads and decodes the whole "
+    "stream (input work does not shrink with more workers), resuming mid-epoch replays the epoch up to the "
+    "position (time grows with the step), a dataset of unknown length is counted with a full pass, and it must "
+    "yield the same elements in the same order on every pass. Fix: write the data as TFRecord files and pass "
+    "tfdist.TFRecordSource(files, parse_fn) (each worker reads 1/W of the bytes, resume in constant time)"
+)
+
+
+class StreamSource:
+    """A user ``tf.data.Dataset`` of unbatched ``(x, y)`` examples, read in order."""
+
+    index_addressable = False
+
+    def __init__(self, dataset: "tf.data.Dataset", *, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER):
+        import tensorflow as tf
+
+        spec = dataset.element_spec
+        if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+            raise DataError(
+                f"a tf.data.Dataset for tfdist must yield (x, y) pairs; received elements of spec {spec}. "
+                "Fix: map it to (features, label) tuples, unbatched."
+            )
+        if spec[0].shape.rank is not None and spec[0].shape.rank > 0 and spec[0].shape[0] is None:
+            raise DataError(
+                f"the dataset looks batched (x has shape {spec[0].shape}); tfdist batches it itself. "
+                "Fix: pass the dataset before .batch(), or call .unbatch() on it."
+            )
+        self.dataset = dataset
+        self.name = "tf.data.Dataset"
+        self.shuffle_buffer = shuffle_buffer
+        cardinality = int(dataset.cardinality())
+        self._num_examples = cardinality if cardinality >= 0 else None
+        self._infinite = cardinality == tf.data.INFINITE_CARDINALITY
+        self._fingerprint: str | None = None
+
+    @property
+    def num_examples(self) -> int | None:
+        return self._num_examples
+
+    @property
+    def example_shape(self) -> tuple[int | None, ...]:
+        return tuple(self.dataset.element_spec[0].shape)
+
+    def fingerprint(self) -> str:
+        """Element spec, length and the first ``FINGERPRINT_ELEMENTS`` elements (a full hash would be a full pass)."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256(repr(self.dataset.element_spec).encode() + repr(self._num_examples).encode())
+            for element in self.dataset.take(FINGERPRINT_ELEMENTS).as_numpy_iterator():
+                digest.update(hash_arrays(*[np.asarray(a) for a in element]).encode())
+            self._fingerprint = digest.hexdigest()[:16]
+        return self._fingerprint
+
+    def count_batches(self, global_batch: int) -> int:
+        if self._infinite:
+            raise DataError(
+                "the dataset is infinite, so an epoch has no end; received a dataset with INFINITE cardinality. "
+                "Fix: pass steps_per_epoch."
+            )
+        log.info("counting the batches of the dataset (its length is unknown): a full pass; pass steps_per_epoch to skip it")
+        return int(self.dataset.batch(global_batch, drop_remainder=True).reduce(np.int64(0), lambda n, _: n + 1))
+
+    def sample(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = next(iter(self.dataset.map(lambda *e: e[:2]).batch(count).take(1).as_numpy_iterator()))
+        return x, y

@@ -26,6 +26,8 @@ log = logging.getLogger("tfdist")
 __all__ = [
     "Hooks",
     "building_scope",
+    "built_in",
+    "rebuild_in_scope",
     "check_model",
     "is_keras3",
     "prepare",
@@ -64,10 +66,15 @@ class Hooks:
 # --- which Keras ---------------------------------------------------------------------------
 
 
+def _defined_in(obj: Any, package: str) -> bool:
+    """True if a class in ``obj``'s MRO comes from ``package`` (a user's subclass lives in
+    the user's module, so its own ``__module__`` does not tell)."""
+    return any(c.__module__ == package or c.__module__.startswith(package + ".") for c in type(obj).__mro__)
+
+
 def is_keras3(obj: Any) -> bool:
-    """True for an instance of a Keras 3 class (``keras.*``; tf_keras lives in ``tf_keras.*``)."""
-    module = type(obj).__module__ or ""
-    return module == "keras" or module.startswith("keras.")
+    """True for an instance of a Keras 3 class or a subclass of one (tf_keras is ``tf_keras.*``)."""
+    return _defined_in(obj, "keras")
 
 
 def check_model(model: Any) -> None:
@@ -86,11 +93,12 @@ def check_model(model: Any) -> None:
             f"the model must be a compiled keras.Model; received {type(model).__module__}.{type(model).__name__}. "
             "Fix: pass a function that builds and compiles a Keras 3 model."
         )
-    foreign = [type(layer).__name__ for layer in _sublayers(model) if not is_keras3(layer)]
+    foreign = sorted({f"{name} ({type(value).__name__})" for name, value in _tf_keras_attributes(model)})
     if foreign:
         raise ModelError(
-            f"the Keras 3 model {model.name!r} holds layers of another Keras; received {', '.join(sorted(set(foreign)))}. "
-            "Fix: build every layer with Keras 3 (`import keras`), or the whole model with tf_keras."
+            f"the Keras 3 model {model.name!r} holds tf_keras layers, which Keras 3 neither tracks nor trains; "
+            f"received {', '.join(foreign)}. Fix: build every layer with Keras 3 (`import keras`), or the whole "
+            "model with tf_keras."
         )
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ModelError(
@@ -99,16 +107,19 @@ def check_model(model: Any) -> None:
         )
 
 
-def _sublayers(model) -> list:
-    seen, stack, found = set(), list(getattr(model, "layers", [])), []
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        found.append(layer)
-        stack.extend(getattr(layer, "layers", None) or getattr(layer, "_layers", None) or [])
-    return found
+def _tf_keras_attributes(model):
+    """(attribute, value) of the model and its layers that are tf_keras objects.
+
+    Uses ``Layer._flatten_layers`` (private, in Keras since 2.x and 3.0) to visit the layers."""
+    layers = [model, *model._flatten_layers(include_self=False)] if hasattr(model, "_flatten_layers") else [model]
+    for layer in layers:
+        for name, value in vars(layer).items():
+            if name.startswith("_self_"):  # the tracking machinery's own bookkeeping
+                continue
+            values = value if isinstance(value, (list, tuple)) else list(value.values()) if isinstance(value, dict) else [value]
+            for item in values:
+                if _defined_in(item, "tf_keras"):
+                    yield f"{type(layer).__name__}.{name}", item
 
 
 # --- strategies ------------------------------------------------------------------------------
@@ -158,6 +169,41 @@ def building_scope(strategy):
 
         with tf.variable_creator_scope(creator):
             yield
+
+
+def built_in(model, strategy) -> bool:
+    """True if ``model`` was created in ``strategy``'s scope (call it outside any scope:
+    Keras answers with the current strategy for a model built outside one)."""
+    return model.distribute_strategy is strategy
+
+
+def rebuild_in_scope(model, strategy):
+    """A copy of a compiled Keras 3 model made outside ``strategy``'s scope, built in that
+    scope with the same weights and compile arguments (public API: ``clone_model``,
+    ``get_compile_config``/``compile_from_config``). The optimizer is a new one of the same
+    configuration: slots and iteration count are not carried over. A subclassed model
+    needs a ``get_config`` that ``from_config`` can rebuild it from."""
+    import keras
+
+    check_model(model)
+    if int(model.optimizer.iterations.numpy()):
+        log.warning("model %s was trained before: its copy in the strategy's scope starts with a new optimizer "
+                    "(weights are kept, optimizer slots and iteration count are not)", model.name)
+    config = model.get_compile_config()
+    try:
+        with building_scope(strategy):
+            clone = keras.models.clone_model(model)
+            clone.set_weights(model.get_weights())
+            clone.compile_from_config(config)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise ModelError(
+            f"the model {model.name!r} was created outside the strategy's scope and cannot be rebuilt in it "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); received {type(model).__name__}. Fix: pass a "
+            "function that builds and compiles the model (tfdist calls it inside the scope), or give the "
+            "subclass a get_config()."
+        ) from None
+    log.info("model %s was created outside the strategy's scope: rebuilt inside it with its weights", model.name)
+    return clone
 
 
 # --- state -----------------------------------------------------------------------------------
@@ -267,13 +313,16 @@ def _check_accumulation(model, strategy, steps: int) -> None:
         )
 
 
-def accumulating_train_step(model, steps: int):
+def accumulating_train_step(model, steps: int, *, unrolled: bool = False):
     """A replica step that splits its batch into ``steps`` micro batches, sums their
     gradients and applies them once: one cross-replica reduction and one optimizer
     iteration per step, the same update as one batch of all the examples.
 
     It is Keras' ``train_step`` (public API only) with a loop over micro batches; metrics
-    and BatchNormalization's statistics are updated once per micro batch.
+    and BatchNormalization's statistics are updated once per micro batch. ``unrolled``
+    repeats the micro step in the graph instead of a ``tf.while_loop``: needed under
+    central_storage, where updating a metric or a moving statistic is a ``merge_call``,
+    which TensorFlow refuses inside a loop.
     """
     import keras
     import tensorflow as tf
@@ -308,9 +357,13 @@ def accumulating_train_step(model, steps: int):
             model.compute_metrics(xi, yi, y_pred, sample_weight=wi)
             return i + 1, [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
 
-        _, total = tf.while_loop(
-            lambda i, _: i < steps, micro_step, (tf.constant(0), [tf.zeros_like(v) for v in variables])
-        )
+        state = (tf.constant(0), [tf.zeros_like(v) for v in variables])
+        if unrolled:
+            for _ in range(steps):
+                state = micro_step(*state)
+            total = state[1]
+        else:
+            _, total = tf.while_loop(lambda i, _: i < steps, micro_step, state)
         optimizer.apply([t / steps for t in total], variables)
         return model.get_metrics_result()
 
@@ -470,7 +523,7 @@ def run_loop(
 
     if grad_accum_steps > 1:
         _check_accumulation(model, strategy, grad_accum_steps)
-        step_fn = accumulating_train_step(model, grad_accum_steps)
+        step_fn = accumulating_train_step(model, grad_accum_steps, unrolled=kind == "central_storage")
     else:
         step_fn = model.train_step
     with strategy.scope():

@@ -221,7 +221,7 @@ def program_replicas():
     for name, strategy in strategies.items():
         # Synchronized BatchNormalization: the statistics of the global batch, as on one device.
         # (Per-replica statistics and Dropout masks cannot equal one device's.)
-        for spx in (1, 2):
+        for spx in (1,) if name == "one_device" else (1, 2):
             with keras3_loop.building_scope(strategy):
                 model = _model(dropout=0, sync_bn=True)
             history = _train(strategy, model, validation=17, steps_per_execution=spx)  # last val batch: 1 example
@@ -516,6 +516,63 @@ def test_parameter_server_chief_two_workers_one_ps_trains(procs):
     # Atomic increments: no update of the iteration count or the metric counts is lost to a race.
     assert out["iterations"] == 32 and out["val_count"] == 2 * GLOBAL_BATCH
     assert out["calls"]["train_batch_end"] == 16 and out["calls"]["test_batch_end"] == 8 and out["calls"]["epoch_end"] == 4
+
+
+
+def test_refusals_name_the_input_and_the_fix():
+    import keras
+    import tensorflow as tf
+    import tf_keras
+
+    from tfdist import ModelError, keras3_loop
+    from tfdist.errors import DataError
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+    class Mixed(keras.Model):  # Keras 3 does not track a tf_keras layer: it would never train
+        def __init__(self):
+            super().__init__()
+            self.dense = tf_keras.layers.Dense(2)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    mixed = Mixed()
+    mixed.compile(optimizer="sgd", loss="mse")
+    assert keras3_loop.is_keras3(mixed) and not keras3_loop.is_keras3(tf_keras.Sequential())
+    with pytest.raises(ModelError, match=r"holds tf_keras layers.*Mixed\.dense \(Dense\).*Fix:"):
+        keras3_loop.check_model(mixed)
+    with pytest.raises(ModelError, match="not compiled"):
+        keras3_loop.check_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+
+    class Custom(keras.Sequential):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    custom = Custom([keras.Input((2,)), keras.layers.Dense(1)])
+    custom.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(ModelError, match="overrides train_step"):
+        keras3_loop.prepare(custom, strategy=strategy, sample=(np.zeros((4, 2)), np.zeros((4, 1))), grad_accum_steps=2)
+    with pytest.raises(DataError, match="coordinator"):
+        keras3_loop.run_loop(custom, strategy=strategy, train_data=None, steps_per_epoch=1, epochs=1,
+                             coordinator=object())
+    with pytest.raises(DataError, match="steps_per_execution=0"):
+        keras3_loop.run_loop(custom, strategy=strategy, train_data=None, steps_per_epoch=1, epochs=1, steps_per_execution=0)
+
+    class NoConfig(keras.Model):  # cannot be rebuilt in a scope without get_config
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    outside = NoConfig()
+    outside.compile(optimizer="sgd", loss="mse")
+    outside(np.zeros((1, 2)))
+    assert not keras3_loop.built_in(outside, strategy)
+    with pytest.raises(ModelError, match="pass a function that builds and compiles"):
+        keras3_loop.rebuild_in_scope(outside, strategy)
 
 
 if __name__ == "__main__":

@@ -226,7 +226,14 @@ def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> Non
     kind = _kind(strategy)
     if grad_accum_steps > 1:
         _check_accumulation(model, strategy, grad_accum_steps)
-    sample = tuple(tf.convert_to_tensor(t) if t is not None else None for t in sample)
+    keras_steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
+    if keras_steps and not isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        raise ModelError(
+            f"the optimizer's own gradient accumulation fails under {type(strategy).__name__} (keras-team/keras#20582); "
+            f"received gradient_accumulation_steps={keras_steps}. Fix: drop it from the optimizer and pass "
+            "grad_accum_steps to tfdist, which accumulates exactly under every synchronous strategy."
+        )
+    sample = tf.nest.map_structure(tf.convert_to_tensor, tuple(sample))
     with strategy.scope():
         model(sample[0], training=False)  # builds the layers in cross-replica context
         if kind == "parameter_server":
@@ -574,9 +581,14 @@ def run_loop(
                                                      validation_steps, coordinator).items()}
             )
         callback_list.on_epoch_end(epoch, epoch_logs)
+        history = model.history
+        if history.epoch and history.epoch[-1] == epoch:  # what History recorded, with keys callbacks added
+            epoch_logs = {key: values[-1] for key, values in history.history.items()}
         hooks.on_epoch_end(epoch, dict(epoch_logs))
         if model.stop_training:
             break
+    # As fit: an optimizer with use_ema=True writes its averages into the weights (else nothing).
+    model.optimizer.finalize_variable_values(model.trainable_weights)
     callback_list.on_train_end(logs=epoch_logs)
     hooks.on_train_end()
     return model.history

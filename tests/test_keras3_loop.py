@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -123,6 +124,15 @@ class _Recorder:
         return Recorder()
 
 
+def _summary_tags(path):
+    import tensorflow as tf
+
+    tags = set()
+    for record in tf.data.TFRecordDataset(path):
+        tags.update(value.tag for value in tf.compat.v1.Event.FromString(record.numpy()).summary.value)
+    return sorted(tags)
+
+
 def program_one_device():
     """(a) loop vs model.fit, (e) callbacks, (f) a custom train_step, hooks at execution ends."""
     import keras
@@ -145,7 +155,11 @@ def program_one_device():
     with keras3_loop.building_scope(strategy):
         model = _model()
     loop_callbacks = callbacks()
-    loop = _train(strategy, model, epochs=4, validation=20, callbacks=loop_callbacks)
+    with tempfile.TemporaryDirectory() as logdir:
+        board = keras.callbacks.TensorBoard(logdir, update_freq=1)
+        loop = _train(strategy, model, epochs=4, validation=20, callbacks=[*loop_callbacks, board])
+        out["tensorboard"] = {os.path.basename(d): sorted(_summary_tags(os.path.join(d, f)) for f in files)
+                              for d, _, files in os.walk(logdir) if files}
     out["fit"] = {"history": fit.history, "calls": fit_callbacks[0].calls, "stopped": fit_callbacks[1].stopped_epoch}
     out["loop"] = {"history": loop.history, "calls": loop_callbacks[0].calls, "stopped": loop_callbacks[1].stopped_epoch,
                    "history_is_keras3": type(loop).__module__.startswith("keras.")}
@@ -434,6 +448,9 @@ def test_one_device_loop_equals_model_fit_and_calls_callbacks_like_fit(procs):
     assert loop["calls"] == fit["calls"]
     assert loop["stopped"] == fit["stopped"] == 1 and len(loop["history"]["loss"]) == 2
     assert ["test_batch_end", 1, ["accuracy", "loss"]] in loop["calls"]
+    # The TensorBoard callback wrote epoch and batch scalars, and the validation run.
+    assert {"epoch_loss", "epoch_accuracy", "batch_loss"} <= set(out["tensorboard"]["train"][0])
+    assert {"epoch_loss", "evaluation_loss_vs_iterations"} <= set(out["tensorboard"]["validation"][0])
     # Hooks at execution ends (steps_per_execution=2 within epochs of 3 steps), resumed at step 4.
     assert out["hooks"] == [
         ["train_begin"],

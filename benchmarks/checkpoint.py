@@ -83,15 +83,17 @@ def saves(workdir: str, reps: int, model_name: str, device: str = "/cpu:0") -> d
 
     train, _ = load_digits()
     strategy = tf.distribute.OneDeviceStrategy(device)
-    model = keras_model.resolve(models.builder(model_name, input_shape=train.example_shape, num_classes=10), strategy)
-    keras_model.build_state(model, train.sample(32))
+    adapter, model = keras_model.resolve(models.builder(model_name, input_shape=train.example_shape, num_classes=10,
+                                                        keras="2"),
+                                         strategy)
+    adapter.prepare(model, sample=train.sample(32), grad_accum_steps=1)
     model.train_on_batch(*train.sample(32))  # non-zero optimizer slots, as in a real run
     params = int(model.count_params())
     checkpointers = {}
     for mode in ("sync", "async"):
         options = ckpt_mod.CheckpointOptions(directory=os.path.join(workdir, mode), keep=2, async_save=mode == "async")
         checkpointers[mode] = ckpt_mod.Checkpointer(
-            options=options, model=model, generators=keras_model.random_generators(model),
+            options=options, state=adapter.state(model), strategy=strategy,
             is_chief=True, task_name="chief:0",
             run_metadata=ckpt_mod.RunMetadata(global_batch_size=32, data_fingerprint="digits",
                                               model_fingerprint=model_name, seed=0),
@@ -175,7 +177,7 @@ def mid_model_builder(features: int, width: int, depth: int):
         layers = [tf_keras.Input(shape=(features,))]
         layers += [tf_keras.layers.Dense(width, activation="relu") for _ in range(depth)]
         layers += [tf_keras.layers.Dense(10)]
-        return models.compile_default(tf_keras.Sequential(layers, name="mid_mlp"))
+        return models.compile_default(tf_keras.Sequential(layers, name="mid_mlp"), keras="2")
 
     return build
 
@@ -335,16 +337,16 @@ def e2e_step(spec: dict) -> dict:
     from tfdist.training import model as keras_model
 
     x, y = _e2e_data(spec["steps"], spec["batch"])
-    builder = models.builder("linear", input_shape=(4,), num_classes=10)
+    builder = models.builder("linear", input_shape=(4,), num_classes=10, keras="2")
     directory = spec["dir"]
     if spec["mode"] == "move":
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-        model = keras_model.resolve(builder, strategy)
-        keras_model.build_state(model, (x[:32], y[:32]))
+        adapter, model = keras_model.resolve(builder, strategy)
+        adapter.prepare(model, sample=(x[:32], y[:32]), grad_accum_steps=1)
         metadata = layout.latest_metadata(directory)
         ck = ckpt_mod.Checkpointer(
             options=ckpt_mod.CheckpointOptions(directory=directory, keep=1), model=model,
-            generators=keras_model.random_generators(model), is_chief=True, task_name="chief:0",
+            state=adapter.state(model), strategy=strategy, is_chief=True, task_name="chief:0",
             run_metadata=metadata.run(),
         )
         assert ck.restore().global_step == 10

@@ -95,7 +95,7 @@ def child(spec: dict, conn) -> None:
 
     train, _ = data_mod.load_digits()
     x, y = train.x, train.y
-    builder = models.builder(spec["model"], input_shape=x.shape[1:], num_classes=10)
+    builder = models.builder(spec["model"], input_shape=x.shape[1:], num_classes=10, keras=spec.get("keras", "2"))
     batch, epochs, seed = spec["batch"], spec["epochs"], spec["seed"]
     turns = _common.Turns(conn)
     timer = _timer_class(spec["timer"], turns)()

@@ -119,7 +119,7 @@ def resnet_builder(w: dict):
                 x = layers.ReLU()(layers.Add()([shortcut, y]))
         x = layers.GlobalAveragePooling2D()(x)
         outputs = layers.Dense(w["classes"], dtype="float32")(x)  # logits in float32 under mixed precision
-        return models.compile_default(tf_keras.Model(inputs, outputs, name="resnet"))
+        return models.compile_default(tf_keras.Model(inputs, outputs, name="resnet"), keras="2")
 
     return build
 
@@ -327,7 +327,8 @@ def plan_fit_child(spec: dict) -> dict:
         def on_epoch_end(self, epoch, logs=None):
             ends.append(time.perf_counter())
 
-    builder = models.builder(spec["model"], input_shape=(spec["image"], spec["image"], 3), num_classes=10)
+    builder = models.builder(spec["model"], input_shape=(spec["image"], spec["image"], 3), num_classes=10,
+                             keras=spec.get("keras", "2"))
     history = tfdist.fit(builder, (x, y), epochs=spec["epochs"], batch_size=spec["micro"] * spec["accum"],
                          grad_accum_steps=spec["accum"], strategy="one_device", seed=spec["seed"], verbose=0,
                          callbacks=[Timer()])

@@ -50,7 +50,7 @@ def child(spec: dict) -> None:
 
     train, _ = data_mod.load_digits()
     x, y = train.x, train.y
-    builder = models.builder(spec["model"], input_shape=x.shape[1:], num_classes=10)
+    builder = models.builder(spec["model"], input_shape=x.shape[1:], num_classes=10, keras=spec.get("keras", "2"))
     batch, epochs, seed = spec["batch"], spec["epochs"], spec["seed"]
     begin, end = [], []
 

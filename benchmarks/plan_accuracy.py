@@ -69,7 +69,7 @@ def fit_child(spec: dict) -> None:
         def on_epoch_end(self, epoch, logs=None):
             ends.append(time.perf_counter())
 
-    builder = models.builder(spec["model"], input_shape=train.example_shape, num_classes=10)
+    builder = models.builder(spec["model"], input_shape=train.example_shape, num_classes=10, keras=spec.get("keras", "2"))
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
     history = tfdist.fit(builder, train, epochs=spec["epochs"], batch_size=spec["micro"] * spec["accum"],

@@ -304,8 +304,8 @@ _REPLICA_METRICS = textwrap.dedent(
         return m
 
     strategy = tfdist.make_strategy("mirrored", devices=devices)
-    model = keras_model.resolve(build, strategy)
-    keras_model.build_state(model, (np.zeros((4, 3), np.float32), np.zeros((4,), np.int64)))
+    adapter, model = keras_model.resolve(build, strategy)
+    adapter.prepare(model, sample=(np.zeros((4, 3), np.float32), np.zeros((4,), np.int64)), grad_accum_steps=1)
     loss = model.metrics[0]
     per_replica = tf.constant([[3.0e7, 0.37, 1.1], [5.0, 2.9e-3, 7.7]])  # replica r adds row r
 
@@ -336,7 +336,7 @@ _REPLICA_METRICS = textwrap.dedent(
     def checkpointer(directory):
         options = ckpt_mod.CheckpointOptions(directory=directory, async_save=False)
         run = ckpt_mod.RunMetadata(global_batch_size=4, data_fingerprint="d", model_fingerprint="m", seed=0)
-        return ckpt_mod.Checkpointer(options=options, model=model, generators={}, is_chief=True,
+        return ckpt_mod.Checkpointer(options=options, state=adapter.state(model), strategy=strategy, is_chief=True,
                                      task_name="worker:0", run_metadata=run)
 
     directory = tempfile.mkdtemp()
@@ -378,10 +378,11 @@ def test_the_checkpointer_reports_when_a_background_save_was_written(tmp_path):
     from tfdist.checkpoint import layout
     from tfdist.training import model as keras_model
 
-    model = keras_model.resolve(_tiny, tfdist.make_strategy("one_device"))
-    keras_model.build_state(model, (_X[:4], _Y[:4]))
+    strategy = tfdist.make_strategy("one_device")
+    adapter, model = keras_model.resolve(_tiny, strategy)
+    adapter.prepare(model, sample=(_X[:4], _Y[:4]), grad_accum_steps=1)
     checkpointer = ckpt_mod.Checkpointer(options=ckpt_mod.CheckpointOptions(directory=str(tmp_path), keep=1),
-                                         model=model, generators={}, is_chief=True, task_name="worker:0",
+                                         state=adapter.state(model), strategy=strategy, is_chief=True, task_name="worker:0",
                                          run_metadata=ckpt_mod.RunMetadata(global_batch_size=20, data_fingerprint="d",
                                                                            model_fingerprint="m", seed=0))
     for step in (1, 2):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tfdist import strategy
-from tfdist.training import model as keras_model
+from tfdist.training import keras2 as keras_model
 from tfdist.cluster import ClusterSpec, parse_tf_config
 from tfdist.errors import StrategyError
 

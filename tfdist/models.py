@@ -1,4 +1,8 @@
-"""Built-in models, by name: what `tfdist train --model` and `tfdist plan --model` refer to."""
+"""Built-in models, by name: what `tfdist train --model` and `tfdist plan --model` refer to.
+
+Each is built with Keras 3 (``import keras``, TensorFlow's default Keras; ``keras="3"``) or
+with tf_keras (the Keras 2 API; ``keras="2"``): the same layers either way.
+"""
 
 from __future__ import annotations
 
@@ -84,38 +88,54 @@ DEFAULT_INPUT_SHAPE = (8, 8, 1)
 DEFAULT_NUM_CLASSES = 10
 
 
-def build(name: str, *, input_shape: Sequence[int], num_classes: int):
-    """Builds the uncompiled built-in model ``name`` (call it inside a strategy's scope)."""
-    import tf_keras
+KERAS_VERSIONS = ("3", "2")
+DEFAULT_KERAS = "3"
 
+
+def keras_module(version: str = DEFAULT_KERAS):
+    """``keras`` (Keras 3) for ``"3"``, ``tf_keras`` for ``"2"``."""
+    if version not in KERAS_VERSIONS:
+        raise ModelError(f"unknown Keras version; received keras={version!r}. Fix: use 3 (Keras 3) or 2 (tf_keras).")
+    if version == "2":
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+def build(name: str, *, input_shape: Sequence[int], num_classes: int, keras: str = DEFAULT_KERAS):
+    """Builds the uncompiled built-in model ``name`` (call it inside a strategy's scope)."""
     if name not in MODELS:
         raise ModelError(f"unknown built-in model; received model={name!r}. Fix: use one of {', '.join(MODELS)}.")
-    return MODELS[name](input_shape, num_classes, tf_keras)
+    return MODELS[name](input_shape, num_classes, keras_module(keras))
 
 
-def compile_default(model, *, learning_rate: float = 1e-3, decay: bool = False):
+def compile_default(model, *, learning_rate: float = 1e-3, decay: bool = False, keras: str = DEFAULT_KERAS):
     """Adam (with ``decay``: on an exponentially decaying learning rate), sparse categorical
     cross-entropy on logits, accuracy."""
-    import tf_keras
-
+    k = keras_module(keras)
     if decay:
-        learning_rate = tf_keras.optimizers.schedules.ExponentialDecay(learning_rate, decay_steps=50, decay_rate=0.9)
+        learning_rate = k.optimizers.schedules.ExponentialDecay(learning_rate, decay_steps=50, decay_rate=0.9)
     model.compile(
-        optimizer=tf_keras.optimizers.Adam(learning_rate),
-        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer=k.optimizers.Adam(learning_rate),
+        loss=k.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
     return model
 
 
-def builder(name: str, *, input_shape: Sequence[int], num_classes: int, learning_rate: float = 1e-3) -> Callable:
+def builder(name: str, *, input_shape: Sequence[int], num_classes: int, learning_rate: float = 1e-3,
+            keras: str = DEFAULT_KERAS) -> Callable:
     """A function that builds and compiles the built-in model, for `tfdist.fit(model=...)`."""
     if name not in MODELS:
         raise ModelError(f"unknown built-in model; received model={name!r}. Fix: use one of {', '.join(MODELS)}.")
+    keras_module(keras)  # refuses an unknown version now
 
     def build_and_compile():
-        return compile_default(build(name, input_shape=input_shape, num_classes=num_classes), learning_rate=learning_rate,
-                               decay=name in DECAYING)
+        return compile_default(build(name, input_shape=input_shape, num_classes=num_classes, keras=keras),
+                               learning_rate=learning_rate, decay=name in DECAYING, keras=keras)
 
     build_and_compile.__name__ = f"build_{name}"
     return build_and_compile

@@ -1,7 +1,15 @@
 """Checkpoints: the on-disk layout (``layout``), saving and restoring a run (``checkpointer``),
 each replica's own on-read state (``replicas``), and looking into a directory (``inspect``)."""
 
-from tfdist.checkpoint.checkpointer import Checkpointer, CheckpointOptions, ResumePoint, refuse_to_start_over
+from tfdist.checkpoint.checkpointer import (
+    Checkpointer,
+    CheckpointOptions,
+    ResumePoint,
+    TrainingState,
+    refuse_to_start_over,
+)
 from tfdist.checkpoint.layout import Metadata, RunMetadata
 
-__all__ = ["Checkpointer", "CheckpointOptions", "ResumePoint", "refuse_to_start_over", "Metadata", "RunMetadata"]
+__all__ = [
+    "Checkpointer", "CheckpointOptions", "ResumePoint", "TrainingState", "refuse_to_start_over", "Metadata", "RunMetadata",
+]

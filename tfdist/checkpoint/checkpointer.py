@@ -19,11 +19,11 @@ import logging
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, storage
 from tfdist.checkpoint import layout
-from tfdist.checkpoint.replicas import ReplicaValues, on_read_variables
+from tfdist.checkpoint.replicas import ReplicaValues
 from tfdist.errors import CheckpointError, CheckpointIOError, CheckpointMismatchError, describe
 
 log = logging.getLogger("tfdist")
@@ -109,6 +109,28 @@ def refuse_to_start_over(directory: str, *, what: str = "resume=False") -> None:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingState:
+    """What a checkpoint holds besides the progress counters, as the model's Keras adapter
+    (``training.keras2`` / ``training.keras3``) names it.
+
+    Attributes:
+      model, optimizer: saved as TensorFlow tracks them.
+      random_state: the random layers' state (tf.random.Generator objects, or seed variables).
+      metrics: the epoch's metric accumulators (metric objects, or their variables).
+      replica_state: distributed variables whose replicas hold their own values (e.g.
+        BatchNormalization's moving statistics), metrics excluded; put back at restore.
+      replica_metrics: the metrics' distributed variables; put back when the resumed epoch starts.
+    """
+
+    model: Any
+    optimizer: Any
+    random_state: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+    replica_state: Sequence[Any] = ()
+    replica_metrics: Sequence[Any] = ()
+
+
 class Checkpointer:
     """Saves and restores one run's state. Every worker of a cluster must create one and call
     ``save`` at the same steps (a save may be a collective); only the chief's checkpoints are kept."""
@@ -117,8 +139,8 @@ class Checkpointer:
         self,
         *,
         options: CheckpointOptions,
-        model,
-        generators: dict[str, Any],
+        state: TrainingState,
+        strategy,
         is_chief: bool,
         task_name: str,
         run_metadata: layout.RunMetadata,
@@ -126,30 +148,24 @@ class Checkpointer:
         import tensorflow as tf
 
         self.options = options
-        self.model = model
+        self.strategy = strategy
         self.counters = _Counters()
         self.is_chief = is_chief
         self.run_metadata = run_metadata
         self._metrics = tf.Module(name=layout.METRICS)
-        for i, metric in enumerate(model.metrics):
-            setattr(self._metrics, f"m{i}_{metric.name}", metric)
+        for key, metric in state.metrics.items():
+            setattr(self._metrics, key, metric)
         rng = tf.Module(name=layout.RNG)
-        for key, generator in generators.items():
+        for key, generator in state.random_state.items():
             setattr(rng, f"g_{key}", generator)
-        # Each replica's own on-read values: the model's and optimizer's (BatchNormalization's
-        # moving statistics...) are put back at restore, the metrics' when Keras starts the
-        # resumed epoch (it resets them first).
-        strategy = model.distribute_strategy
-        metric_variables = [v for metric in model.metrics for v in metric.variables]
-        metric_ids = {id(v) for v in metric_variables}
-        self._replica_state = ReplicaValues.of(
-            strategy, [v for v in on_read_variables(model, model.optimizer) if id(v) not in metric_ids],
-            name=layout.REPLICA_STATE,
-        )
-        self._replica_metrics = ReplicaValues.of(strategy, metric_variables, name=layout.REPLICA_METRICS)
+        # Each replica's own values: the model's and optimizer's (BatchNormalization's moving
+        # statistics...) are put back at restore, the metrics' when the loop starts the resumed
+        # epoch (it resets them first).
+        self._replica_state = ReplicaValues.of(strategy, state.replica_state, name=layout.REPLICA_STATE)
+        self._replica_metrics = ReplicaValues.of(strategy, state.replica_metrics, name=layout.REPLICA_METRICS)
         extra = {group.name: group.module for group in self._replica_groups}
         self.root = tf.train.Checkpoint(**{
-            layout.MODEL: model, layout.OPTIMIZER: model.optimizer, layout.PROGRESS: self.counters.module,
+            layout.MODEL: state.model, layout.OPTIMIZER: state.optimizer, layout.PROGRESS: self.counters.module,
             layout.RNG: rng, layout.METRICS: self._metrics, **extra,
         })
         self._metrics_root = tf.train.Checkpoint(**{layout.METRICS: self._metrics})
@@ -226,6 +242,21 @@ class Checkpointer:
         self.last_save_time = time.monotonic()
         self.last_saved_step = global_step
         return path
+
+    def mark_complete(self, *, history: list[dict]) -> None:
+        """Marks the last checkpoint saved as the end of the run (a callback stopped it early):
+        its metadata is rewritten, its tensors are left as they are. Every worker may call it;
+        only the chief writes."""
+        if self.last_saved_step is None or not self.is_chief:
+            return
+        self.sync()
+        prefix = layout.prefix_for(self.directory, self.last_saved_step)
+        saved = layout.read_metadata(prefix)
+        if saved is not None:
+            layout.write_metadata(prefix, layout.Metadata.of(
+                self.run_metadata, global_step=saved.global_step, epoch=saved.epoch,
+                step_in_epoch=saved.step_in_epoch, complete=True, history=history,
+            ))
 
     def _quarantine_existing(self, step: int) -> None:
         """Moves aside an existing checkpoint of ``step`` (e.g. a corrupt one resume skipped) instead of overwriting it."""
@@ -318,7 +349,7 @@ class Checkpointer:
         """Puts each replica's own on-read values back; after a topology change, says what differs."""
         if self._replica_state is not None:
             self._replica_state.restore(path)
-        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        replicas = self.strategy.num_replicas_in_sync
         saved = metadata.run_value("num_replicas")
         if saved is not None and saved != replicas:
             log.info(

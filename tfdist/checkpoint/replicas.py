@@ -1,4 +1,4 @@
-"""Each replica's own value of every on-read variable, kept in a checkpoint and put back per replica.
+"""Each replica's own value of its replica-local variables, kept in a checkpoint and put back per replica.
 
 Under mirrored and multi_worker_mirrored an on-read-synchronized variable has one value per
 replica: BatchNormalization's moving statistics (``MEAN`` aggregation), every metric's
@@ -6,6 +6,10 @@ accumulators (``SUM``), anything a layer or optimizer creates that way. A plain 
 keeps only the aggregate -- the mean, the sum -- and restores it into every replica (a sum
 divided by the replicas), so a resumed run continues from values no replica had: its
 statistics and metrics then differ from an uninterrupted run's in their last bits.
+
+Keras 3 keeps BatchNormalization's statistics in mirrored variables that each replica updates
+on its own (aggregation NONE): a checkpoint stores the first replica's. The Keras adapters say
+which variables may differ (``on_read_variables`` for tf_keras).
 
 ``ReplicaValues`` keeps every replica's value instead: one ``[replicas, ...]`` variable per
 on-read variable, filled by gathering each replica's value (from every worker: a collective,
@@ -90,13 +94,15 @@ class ReplicaValues:
 
     @classmethod
     def of(cls, strategy, variables: Iterable[Any], *, name: str) -> "ReplicaValues | None":
-        """A ReplicaValues for the on-read ones of ``variables`` under ``strategy``, or None if none is."""
+        """A ReplicaValues for the distributed ones of ``variables`` under ``strategy`` (the
+        Keras adapter chooses which may differ between replicas), or None if there are none or
+        only one replica."""
         import tensorflow as tf
 
-        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-            return None  # asynchronous: no per-replica promise to keep
-        on_read = [v for v in variables if _is_on_read(v)]
-        return cls(strategy, on_read, name=name) if on_read else None
+        if strategy.num_replicas_in_sync < 2 or isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+            return None  # one replica, or asynchronous: no per-replica promise to keep
+        distributed = [v for v in variables if isinstance(v, tf.distribute.DistributedValues)]
+        return cls(strategy, distributed, name=name) if distributed else None
 
     def key(self, j: int) -> str:
         return f"r{self.replicas}_v{j}"  # a checkpoint of another replica count does not match

@@ -31,7 +31,7 @@ def _positive_float(text: str) -> float:
 
 
 def register(subparsers) -> None:
-    from tfdist.models import DEFAULT_MODEL, MODELS
+    from tfdist.models import DEFAULT_KERAS, DEFAULT_MODEL, KERAS_VERSIONS, MODELS
 
     parser = subparsers.add_parser(
         "train",
@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     )
     model = parser.add_argument_group("model and data")
     model.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS), help=f"built-in model (default {DEFAULT_MODEL})")
+    model.add_argument("--keras", default=DEFAULT_KERAS, choices=KERAS_VERSIONS,
+                       help="build the model with Keras 3 (TensorFlow's default Keras, `import keras`) or 2 (tf_keras); "
+                       f"default {DEFAULT_KERAS}")
     model.add_argument("--data", default="digits", metavar="DATA",
                        help="'digits' (bundled, default), 'tfds:NAME' (prepared in TFDS_DATA_DIR), a path to an .npz "
                        "with x and y, or TFRecord files (a path or a quoted glob, e.g. 'DIR/train-*.tfrecord') with --features")
@@ -122,8 +125,6 @@ def run_command(args: argparse.Namespace) -> int:
         from tfdist.strategy import split_cpu
 
         devices = split_cpu(args.cpu_devices)
-    import tf_keras
-
     from tfdist import data as data_mod
     from tfdist import models
     from tfdist.training import fit
@@ -137,7 +138,7 @@ def run_command(args: argparse.Namespace) -> int:
         # Called by fit once the strategy exists: reading a file source's example shape runs
         # TensorFlow ops, which must not start before a multi-worker strategy is created.
         return models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
-                              learning_rate=args.learning_rate)()
+                              learning_rate=args.learning_rate, keras=args.keras)()
 
     builder.__name__ = f"build_{args.model}"
     if cluster.task_type == cluster_mod.EVALUATOR:
@@ -164,7 +165,7 @@ def run_command(args: argparse.Namespace) -> int:
         steps_per_epoch=args.steps_per_epoch,
         strategy=args.strategy,
         validation_data=validation,
-        callbacks=[tf_keras.callbacks.TensorBoard(log_dir=log_dir)],
+        callbacks=[models.keras_module(args.keras).callbacks.TensorBoard(log_dir=log_dir)],
         seed=args.seed,
         deterministic=args.deterministic,
         verbose=args.verbose if args.verbose is not None else "auto",

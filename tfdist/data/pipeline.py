@@ -267,18 +267,18 @@ def validation_input(source: Source, sizes: BatchSizes, *, strategy, parameter_s
     worker reads only its part. Every replica runs the same number of steps; a replica whose
     part ran out gets empty batches (they add nothing to Keras' loss and metric sums, which
     are weighted by batch size), so the metrics are those of the whole set. Streams: one
-    dataset that each worker reads whole (auto-sharded by data). Parameter servers: each
-    worker reads its own copy, repeated; the step count covers the set once (approximate:
-    which batches a worker evaluates depends on scheduling).
+    dataset that each worker reads whole (auto-sharded by data). Parameter servers: a
+    function that makes each worker's own copy, repeated (the Keras adapter hands it to the
+    workers); the step count covers the set once (approximate: which batches a worker
+    evaluates depends on scheduling).
     """
     import tensorflow as tf
 
     batch = sizes.global_batch_size // sizes.grad_accum_steps
-    if parameter_server or isinstance(source, StreamSource):
-        ds = validation_dataset(source, batch, embed=parameter_server)
-        if not parameter_server:
-            return ds, None
-        return ds.repeat(), max(1, -(-(source.num_examples or batch) // batch))
+    if parameter_server:
+        return (lambda: validation_dataset(source, batch, embed=True).repeat()), max(1, -(-(source.num_examples or batch) // batch))
+    if isinstance(source, StreamSource):
+        return validation_dataset(source, batch), None
     replicas, micro = sizes.num_replicas, sizes.micro_batch_size
     n = source.num_examples
     bounds = [r * n // replicas for r in range(replicas + 1)]

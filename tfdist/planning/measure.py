@@ -40,7 +40,8 @@ def _load_model(model: str, *, input_shape: Sequence[int] | None = None, num_cla
             f"Fix: use a path or one of {', '.join(sorted(models.MODELS))}."
         )
     shape = tuple(input_shape) if input_shape is not None else models.DEFAULT_INPUT_SHAPE
-    return models.build(model, input_shape=shape, num_classes=num_classes or models.DEFAULT_NUM_CLASSES)
+    # The step measured is tf_keras' (its fit runs the model); the built-in layers are the same in Keras 3.
+    return models.build(model, input_shape=shape, num_classes=num_classes or models.DEFAULT_NUM_CLASSES, keras="2")
 
 
 def builtin_params(name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None) -> int:
@@ -112,7 +113,7 @@ def measure_step_time(
     import tensorflow as tf
     import tf_keras
 
-    from tfdist.training.model import install_grad_accumulation
+    from tfdist.training.keras2 import install_grad_accumulation
     from tfdist.strategy import make_strategy, name_of
 
     gpus = tf.config.list_physical_devices("GPU")

@@ -41,16 +41,19 @@ class Position:
 
 class SavePolicy:
     """When a step's state is saved besides epoch ends: every N steps (the same step on every
-    worker) and every S seconds (a clock: under multi-worker it must be agreed on)."""
+    worker) and every S seconds (a clock: under multi-worker it must be agreed on).
+
+    A loop that runs several steps per call (``steps_per_execution``) reports only the last
+    of them: a save is due when the steps since the last report crossed a multiple of N."""
 
     def __init__(self, options: CheckpointOptions, checkpointer: Checkpointer):
         self._every = options.save_every_steps
         self._seconds = options.save_every_seconds
         self._checkpointer = checkpointer
 
-    def due(self, step: int) -> tuple[bool, bool]:
-        """(by step count, by time) for the state after ``step``."""
-        by_steps = bool(self._every and step % self._every == 0)
+    def due(self, step: int, *, previous: int) -> tuple[bool, bool]:
+        """(by step count, by time) for the state after ``step`` (the last report was ``previous``)."""
+        by_steps = bool(self._every and step // self._every > previous // self._every)
         by_time = bool(self._seconds and time.monotonic() - self._checkpointer.last_save_time >= self._seconds)
         return by_steps, by_time
 
@@ -111,14 +114,15 @@ class Controller:
 
     def on_step_end(self, step: int) -> None:
         """After global step ``step`` (counted from the start of the run) finished."""
-        self.steps_run += step - self.global_step
+        previous = self.global_step
+        self.steps_run += step - previous
         self.global_step = step
         self.faults.fire("kill_at_step", step)
         self.faults.fire("term_at_step", step)
         end_of_epoch = step % self.steps_per_epoch == 0
         by_steps = by_time = False
         if self.save_policy is not None and not end_of_epoch:  # an epoch's last step is saved at epoch end
-            by_steps, by_time = self.save_policy.due(step)
+            by_steps, by_time = self.save_policy.due(step, previous=previous)
         preempt, by_time = self.preemption.check(step, timed=by_time, boundary=by_steps or end_of_epoch)
         if preempt and end_of_epoch:
             self._preempt_at_epoch_end = True  # let the epoch validate and record itself first
@@ -136,9 +140,14 @@ class Controller:
             self._stop_preempted(self.global_step)
 
     def on_train_end(self, *, stopped_early: bool) -> None:
+        """``stopped_early``: a callback ended the run (EarlyStopping): it is complete as it is."""
         self.train_seconds = time.monotonic() - (self._t0 or time.monotonic())
-        if stopped_early and self.checkpointer is not None and self.checkpointer.last_saved_step != self.global_step:
+        if not stopped_early or self.checkpointer is None:
+            return
+        if self.checkpointer.last_saved_step != self.global_step:
             self.save(complete=True)
+        else:  # the epoch's end was saved before the callback decided to stop
+            self.checkpointer.mark_complete(history=self.history)
 
     # --- actions --------------------------------------------------------------------------
     def save(self, *, complete: bool = False) -> None:

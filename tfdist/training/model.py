@@ -1,105 +1,46 @@
-"""The model side of fit for tf_keras: checks, building in scope, accumulation, mixed precision, RNG state."""
+"""The model side of fit, for either Keras: which Keras a model is, building it in the strategy's scope.
+
+``fit`` takes a Keras 3 model (TensorFlow's default Keras, ``import keras``) or a tf_keras one
+(the Keras 2 API), built by a function tfdist calls in the strategy's scope or ready-made.
+``resolve`` builds or adopts it and returns it with its adapter: ``keras3.Keras3`` (tfdist's own
+loop) or ``keras2.TfKeras`` (tf_keras' ``fit``). Everything after that asks the adapter.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import types
 from typing import Any, Sequence
-
-import numpy as np
 
 from tfdist import _checks
 from tfdist.errors import ModelError
+from tfdist.training import keras2, keras3
 
 log = logging.getLogger("tfdist")
 
 PRECISIONS = _checks.PRECISIONS
-_KERAS3_FIX = (
-    "Fix: build it with tf_keras (`import tf_keras as keras`), or set TF_USE_LEGACY_KERAS=1 before "
-    "TensorFlow is imported so that tf.keras is tf_keras. Keras 3 cannot run fit under "
-    "MultiWorkerMirrored or ParameterServer strategies (keras-team/keras#20585, #18624)."
-)
 
 
-def _is_keras3(obj: Any) -> bool:
-    module = type(obj).__module__ or ""
-    return module == "keras" or module.startswith("keras.")
-
-
-def check_tf_keras(model: Any, *, what: str = "model") -> None:
-    import tf_keras
-
-    if isinstance(model, tf_keras.Model):
-        return
-    if _is_keras3(model):
-        raise ModelError(f"the {what} is a Keras 3 model; received {type(model).__module__}.{type(model).__name__}. {_KERAS3_FIX}")
-    raise ModelError(
-        f"the {what} must be a compiled tf_keras model or a function that returns one; received "
-        f"{type(model).__name__}. Fix: pass `lambda: build_and_compile()` or a compiled tf_keras model."
-    )
-
-
-def precision_warning(precision: str, *, gpu_capabilities: Sequence[tuple[int, int]]) -> str | None:
-    """The warning a mixed-precision policy deserves on GPUs of these compute capabilities
-    (none: no GPU), or None. Pure."""
-    if precision == "float32":
-        return None
-    if not gpu_capabilities:
-        return (f"{precision} on a machine with no GPU: the CPU has no fast path for 16-bit math, so steps may be "
-                "slower; it still saves activation memory")
-    lowest = min(tuple(c) for c in gpu_capabilities)
-    shown = ".".join(str(v) for v in lowest)
-    if precision == "mixed_float16" and lowest < (7, 0):
-        return f"mixed_float16 on a GPU of compute capability {shown}: no Tensor Cores (7.0+), little speed-up"
-    if precision == "mixed_bfloat16" and lowest < (8, 0):
-        advice = "; mixed_float16 is fast on this GPU" if lowest >= (7, 0) else ""
-        return (f"mixed_bfloat16 on a GPU of compute capability {shown}: bfloat16 math is fast from 8.0 (Ampere) "
-                f"on, so steps may be slower than in float32{advice}")
-    return None
-
-
-def _gpu_capabilities() -> list[tuple[int, int]]:
-    import tensorflow as tf
-
-    details = (tf.config.experimental.get_device_details(gpu) for gpu in tf.config.list_physical_devices("GPU"))
-    return [tuple(d.get("compute_capability") or (0, 0)) for d in details]
-
-
-@contextlib.contextmanager
-def precision_policy(precision: str):
-    """Sets the Keras dtype policy while the model is built, then restores the previous one."""
-    import tf_keras
-
-    _checks.check_choice("mixed_precision", precision, PRECISIONS, error=ModelError)
-    previous = tf_keras.mixed_precision.global_policy()
-    if precision != "float32":
-        warning = precision_warning(precision, gpu_capabilities=_gpu_capabilities())
-        if warning:
-            log.warning("%s", warning)
-        tf_keras.mixed_precision.set_global_policy(precision)
-    try:
-        yield
-    finally:
-        tf_keras.mixed_precision.set_global_policy(previous)
+def is_model(obj: Any) -> bool:
+    """True for a Keras 3 or tf_keras model (a subclass of either included)."""
+    return (keras3.is_keras3(obj) or keras2.is_tf_keras(obj)) and hasattr(obj, "compile")
 
 
 def check_argument(model: Any) -> None:
-    """Refuses at once what can never work: a Keras 3 model, or neither a model nor a function."""
-    import tf_keras
-
-    if isinstance(model, tf_keras.Model) or (callable(model) and not _is_keras3(model)):
+    """Refuses at once what can never work: neither a model nor a function that builds one."""
+    if is_model(model) or (callable(model) and not isinstance(model, type)):
         return
-    check_tf_keras(model)
+    raise ModelError(
+        f"the model must be a compiled Keras model (Keras 3 `import keras`, or tf_keras) or a function that builds "
+        f"and compiles one; received {type(model).__module__}.{type(model).__name__}. Fix: pass a compiled model, "
+        "or `lambda: build_and_compile()` (tfdist calls it inside the strategy's scope)."
+    )
 
 
 def check_callbacks(callbacks: Sequence[Any] | None) -> None:
-    """Refuses callbacks that conflict with tfdist's own work."""
-    import tf_keras
-
+    """Refuses callbacks that conflict with tfdist's own work (either Keras' BackupAndRestore)."""
     for cb in callbacks or ():
-        if isinstance(cb, tf_keras.callbacks.BackupAndRestore):
+        if type(cb).__name__ == "BackupAndRestore" and (keras3.is_keras3(cb) or keras2.is_tf_keras(cb)):
             raise ModelError(
                 "BackupAndRestore conflicts with tfdist's own checkpoints; received it in callbacks. "
                 "Fix: remove it and pass checkpoint_dir= (tfdist resumes at the exact batch)."
@@ -107,211 +48,68 @@ def check_callbacks(callbacks: Sequence[Any] | None) -> None:
 
 
 def set_seed(seed: int) -> None:
-    """Seeds Python, NumPy and TensorFlow the way Keras does."""
+    """Seeds Python, NumPy and TensorFlow, and both Kerases' own generators (call it before building:
+    a Keras 3 layer without a seed takes its initial one from Python's generator)."""
+    import keras
     import tf_keras
 
     tf_keras.utils.set_random_seed(seed)
+    keras.utils.set_random_seed(seed)
 
 
-def model_fingerprint(model) -> str:
-    """A hash of the model's structure: layer classes and weight shapes and dtypes, in order.
+@contextlib.contextmanager
+def precision_policy(precision: str):
+    """Both Kerases' dtype policies set to ``precision`` while a model is built, then restored."""
+    import keras
 
-    Names are left out: Keras numbers them per process (dense, dense_1, ...)."""
-    digest = hashlib.sha256()
-    for layer in model._flatten_layers(include_self=False):
-        shapes = ",".join(f"{tuple(w.shape)}:{w.dtype.name}" for w in layer.weights)
-        digest.update(f"{type(layer).__name__}[{shapes}];".encode())
-    return digest.hexdigest()[:16]
-
-
-def settle(model) -> None:
-    """Waits until every step scheduled so far has run (parameter servers: before a save)."""
-    coordinator = getattr(model, "_cluster_coordinator", None)
-    if coordinator is not None:
-        coordinator.join()
+    with keras2.precision_policy(precision):
+        previous = keras.mixed_precision.dtype_policy()
+        if precision != "float32":
+            keras.mixed_precision.set_dtype_policy(precision)
+        try:
+            yield
+        finally:
+            keras.mixed_precision.set_dtype_policy(previous)
 
 
-def merged_history(previous: list[dict], history=None):
-    """A Keras History holding every epoch of the run, earlier runs included."""
-    import tf_keras
-
-    merged = tf_keras.callbacks.History()
-    merged.epoch = list(range(len(previous)))
-    for logs in previous:
-        for key, value in logs.items():
-            merged.history.setdefault(key, []).append(value)
-    if history is not None:
-        merged.model = history.model
-        merged.params = history.params
-    return merged
-
-
-def _rebuild(model, strategy):
-    """Rebuilds a Sequential or functional model inside the strategy's scope."""
-    import tf_keras
-
-    if not (isinstance(model, tf_keras.Sequential) or getattr(model, "_is_graph_network", False)):
-        raise ModelError(
-            f"a subclassed model created outside the strategy's scope cannot be rebuilt in it; received "
-            f"{type(model).__name__}. Fix: pass a function that builds and compiles the model, e.g. "
-            "tfdist.fit(lambda: make_model(), data); tfdist calls it inside the scope."
-        )
-    args = model._get_compile_args(user_metrics=True)
-    with strategy.scope():
-        rebuilt = tf_keras.models.clone_model(model)
-        rebuilt.set_weights(model.get_weights())
-        optimizer = tf_keras.optimizers.deserialize(tf_keras.optimizers.serialize(model.optimizer))
-        rebuilt.compile(
-            optimizer=optimizer,
-            loss=args["loss"],
-            metrics=args["metrics"],
-            loss_weights=args["loss_weights"],
-            weighted_metrics=args["weighted_metrics"],
-            steps_per_execution=int(model._steps_per_execution.numpy()) if model._steps_per_execution is not None else 1,
-            jit_compile=getattr(model, "_jit_compile", None),
-        )
-    log.info("model %s was created outside the strategy's scope: rebuilt inside it with its weights", model.name)
-    return rebuilt
+def adapter_for(model: Any, strategy, *, what: str = "model"):
+    """The adapter of ``model``: ``keras3.Keras3`` or ``keras2.TfKeras``."""
+    if keras3.is_keras3(model):
+        return keras3.Keras3(strategy)
+    if keras2.is_tf_keras(model):
+        return keras2.TfKeras(strategy)
+    raise ModelError(
+        f"the {what} must be a compiled Keras model (Keras 3 or tf_keras); received "
+        f"{type(model).__module__}.{type(model).__name__}. Fix: return the compiled model from the function."
+    )
 
 
 def resolve(model: Any, strategy, *, precision: str = "float32"):
-    """Returns a compiled tf_keras model whose variables live in ``strategy``.
+    """(adapter, model): the compiled model with its variables in ``strategy``, and its adapter.
 
-    ``model`` is a function that builds and compiles a tf_keras model (called inside the
-    scope), or a compiled tf_keras model (rebuilt inside the scope if it was created outside).
+    ``model`` is a function that builds and compiles a model (called inside the scope, under
+    the ``precision`` policy), or a compiled model (rebuilt inside the scope if it was created
+    outside it).
     """
     import tf_keras
 
-    # Dropout and augmentation layers keep their random state in tf.random.Generator
-    # variables, which tfdist checkpoints: the numbers drawn after a resume are the same.
+    _checks.check_choice("mixed_precision", precision, PRECISIONS, error=ModelError)
+    # tf_keras' dropout and augmentation layers then keep their random state in
+    # tf.random.Generator variables, which tfdist checkpoints.
     tf_keras.backend.experimental.enable_tf_random_generator()
-    if callable(model) and not isinstance(model, tf_keras.Model) and not _is_keras3(model):
-        with precision_policy(precision), strategy.scope():
+    if callable(model) and not is_model(model):
+        with precision_policy(precision), keras3.building_scope(strategy):
             built = model()
-        check_tf_keras(built, what="model returned by the builder function")
+        adapter = adapter_for(built, strategy, what="model returned by the builder function")
+        adapter.check(built)
     else:
-        check_tf_keras(model)
+        adapter = adapter_for(model, strategy)
+        adapter.check(model)
         if precision != "float32":
             raise ModelError(
                 f"mixed_precision={precision!r} needs the model to be built under the policy; received a ready model. "
                 "Fix: pass a function that builds and compiles the model."
             )
-        built = model
-    if built.optimizer is None or not getattr(built, "compiled_loss", None):
-        raise ModelError(
-            f"the model {built.name!r} is not compiled; received a model without optimizer or loss. "
-            "Fix: call model.compile(optimizer=..., loss=..., metrics=...) in your builder."
-        )
-    if getattr(built, "_distribution_strategy", None) is not strategy:
-        built = _rebuild(built, strategy)
-    for output in built.outputs or []:
-        if output.dtype.name in ("float16", "bfloat16"):
-            log.warning(
-                "model output %s is %s: compute the last layer in float32 (dtype='float32') so the loss stays accurate",
-                output.name, output.dtype.name,
-            )
-    return built
-
-
-def random_generators(model) -> dict[str, Any]:
-    """The tf.random.Generator of every random layer, keyed by layer path (checkpointed state)."""
-    generators = {}
-    legacy = []
-    for index, layer in enumerate(model._flatten_layers(include_self=False)):
-        rng = getattr(layer, "_random_generator", None)
-        if rng is None:
-            continue
-        if getattr(rng, "_generator", None) is not None:
-            generators[f"layer{index}"] = rng._generator  # by position: names differ per process
-        elif getattr(rng, "_rng_type", None) == "legacy_stateful":
-            legacy.append(layer.name)
-    if legacy:
-        log.warning(
-            "layers %s draw random numbers from TensorFlow's global state, which no checkpoint holds: a resumed "
-            "run will not be bit-identical. Fix: pass a builder function so tfdist builds the model.", legacy,
-        )
-    return generators
-
-
-def build_state(model, sample: tuple[np.ndarray, np.ndarray]) -> None:
-    """Creates the optimizer slots and the compiled loss and metric objects now (Keras creates
-    them at the first step), so that a checkpoint restores into them before training starts."""
-    import tensorflow as tf
-
-    x, y = sample
-    with model.distribute_strategy.scope():
-        y_pred = model(tf.constant(x), training=False)
-        model.compiled_loss.build(y_pred)
-        model.compiled_metrics.build(y_pred, tf.constant(y))
-        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        if hasattr(optimizer, "build"):
-            optimizer.build(model.trainable_variables)
-        _aggregate_schedule_variable(optimizer, model.distribute_strategy)
-
-
-def _aggregate_schedule_variable(optimizer, strategy) -> None:
-    """Works around a tf_keras bug under CentralStorageStrategy (tf_keras 2.16-2.21).
-
-    With a learning-rate schedule, tf_keras keeps the current rate in a variable
-    (``_current_learning_rate``) created without an aggregation and assigned in replica
-    context at every step; a central-storage (aggregating) variable refuses that, so plain
-    ``model.fit`` fails at its first step ("You must specify an aggregation method"). Every
-    replica computes the same rate, so the variable is recreated, with its value and under the
-    same checkpoint name, with ``ONLY_FIRST_REPLICA`` aggregation."""
-    import tensorflow as tf
-
-    current = getattr(optimizer, "_current_learning_rate", None)
-    if not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy) or current is None:
-        return
-    if current.aggregation != tf.VariableAggregation.NONE:
-        return
-    with strategy.scope():
-        optimizer._current_learning_rate = tf.Variable(
-            current.read_value(), name="current_learning_rate", dtype=current.dtype, trainable=False,
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
-
-
-def install_grad_accumulation(model, steps: int) -> None:
-    """Makes each train step split its batch into ``steps`` micro batches and apply their mean
-    gradient once: one cross-replica reduction and one optimizer iteration per step."""
-    import tensorflow as tf
-    import tf_keras
-
-    if steps == 1:
-        return
-    from tf_keras.src.engine import data_adapter
-
-    optimizer = model.optimizer
-    scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
-
-    def train_step(self, data):
-        x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
-        split = lambda t: None if t is None else tf.reshape(t, tf.concat([[steps, -1], tf.shape(t)[1:]], 0))  # noqa: E731
-        xs, ys, ws = split(x), split(y), split(sample_weight)
-        variables = self.trainable_variables
-
-        def micro_step(i, total):
-            xi, yi = tf.gather(xs, i), tf.gather(ys, i)
-            wi = None if ws is None else tf.gather(ws, i)
-            with tf.GradientTape() as tape:
-                y_pred = self(xi, training=True)
-                loss = self.compute_loss(xi, yi, y_pred, wi)
-                if scaled:
-                    loss = optimizer.get_scaled_loss(loss)
-            grads = tape.gradient(loss, variables)
-            if scaled:
-                grads = optimizer.get_unscaled_gradients(grads)
-            self.compiled_metrics.update_state(yi, y_pred, wi)  # results are read once, after the loop
-            return i + 1, [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
-
-        _, total = tf.while_loop(
-            lambda i, _: i < steps, micro_step, (tf.constant(0), [tf.zeros_like(v) for v in variables])
-        )
-        optimizer.apply_gradients(zip([t / steps for t in total], variables))
-        return self.get_metrics_result()
-
-    model.train_step = types.MethodType(train_step, model)
-    model.train_function = None  # retrace with the new step
-    log.info("gradient accumulation: %d micro batches per optimizer step", steps)
-
+        built = adapter.in_scope(model)
+    adapter.after_build(built)
+    return adapter, built

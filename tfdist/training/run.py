@@ -113,21 +113,21 @@ def fit(
         steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, recorded=recorded,
     )
     # 3. Model in scope.
-    built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
+    adapter, built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
     # 4. Checkpoints and the point to resume from.
-    checkpointer, point = _checkpoints(options, built, strat, traits, shape, cluster)
+    checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster)
     if point is not None and _is_complete(point, shape):
-        return _already_complete(point, checkpointer, strat, traits, shape, wall_start=wall_start)
+        return _already_complete(point, adapter, checkpointer, strat, traits, shape, wall_start=wall_start)
     start_step = point.global_step if point is not None else 0
     # 5. Datasets.
-    train_data, val_data, validation_steps = _datasets(strat, traits, shape, start_step=start_step)
+    train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
     # 6. Run.
-    controller = _controller(built, checkpointer, options, strat, traits, cluster, shape, start_step=start_step,
-                             history=point.metadata.history if point is not None else [])
-    keras_history = _run(built, controller, cluster, traits, shape, train_data, val_data, validation_steps,
+    controller = _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape,
+                             start_step=start_step, history=point.metadata.history if point is not None else [])
+    keras_history = _run(adapter, built, controller, cluster, traits, shape, train_data, val_data, validation_steps,
                          callbacks=callbacks, verbose=verbose, checkpointer=checkpointer)
     # 7. Summary.
-    history = model_mod.merged_history(controller.history, keras_history)
+    history = adapter.history(controller.history, keras_history)
     history.tfdist = summarize(
         strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
         sizes=shape.sizes, plan=shape.plan, global_step=controller.global_step, start_step=start_step,
@@ -219,22 +219,23 @@ def _data_plan(data, validation_data, strat, traits, *, epochs, batch_size, per_
 
 # --- 3. model in scope -------------------------------------------------------------------------
 def _model_in_scope(model, strat, traits: strategy_mod.Traits, shape: _Shape, *, precision: str):
-    """The compiled model with its variables in ``strat``, its optimizer slots, metrics and
-    accumulation step created now, so that a checkpoint restores into them."""
-    built = model_mod.resolve(model, strat, precision=precision)
+    """(adapter, model): the compiled model with its variables in ``strat``, its optimizer
+    slots, metrics and accumulation step created now, so that a checkpoint restores into them."""
+    adapter, built = model_mod.resolve(model, strat, precision=precision)
     accum = shape.sizes.grad_accum_steps
     if not traits.synchronous and accum > 1:
         raise ModelError(
             f"gradient accumulation needs a synchronous strategy; received grad_accum_steps={accum} under "
             f"{traits.name}. Fix: use a synchronous strategy, or a larger per-worker batch instead."
         )
-    model_mod.install_grad_accumulation(built, accum)
-    model_mod.build_state(built, shape.source.sample(shape.sizes.micro_batch_size))
-    return built
+    adapter.prepare(built, sample=shape.source.sample(shape.sizes.micro_batch_size), grad_accum_steps=accum)
+    log.info("model %s (%s) built in the scope of %s", built.name, adapter.name, traits.name)
+    return adapter, built
 
 
 # --- 4. checkpoints ----------------------------------------------------------------------------
-def _checkpoints(options, built, strat, traits, shape: _Shape, cluster) -> tuple[Checkpointer | None, ResumePoint | None]:
+def _checkpoints(options, adapter, built, strat, traits, shape: _Shape,
+                 cluster) -> tuple[Checkpointer | None, ResumePoint | None]:
     """The checkpointer of this task and the checkpoint restored, if any (every worker restores)."""
     if options is None:
         return None, None
@@ -246,7 +247,7 @@ def _checkpoints(options, built, strat, traits, shape: _Shape, cluster) -> tuple
     run = RunMetadata(
         global_batch_size=sizes.global_batch_size,
         data_fingerprint=shape.source.fingerprint(),
-        model_fingerprint=model_mod.model_fingerprint(built),
+        model_fingerprint=adapter.fingerprint(built),
         seed=plan.seed,
         shuffle=plan.shuffle,
         strategy=traits.name,
@@ -261,7 +262,7 @@ def _checkpoints(options, built, strat, traits, shape: _Shape, cluster) -> tuple
         data_order=plan.order_record(),
     )
     checkpointer = Checkpointer(
-        options=options, model=built, generators=model_mod.random_generators(built), is_chief=cluster.is_chief,
+        options=options, state=adapter.state(built), strategy=strat, is_chief=cluster.is_chief,
         task_name=cluster.task_name, run_metadata=run,
     )
     point = checkpointer.restore()
@@ -279,11 +280,12 @@ def _is_complete(point: ResumePoint, shape: _Shape) -> bool:
     )
 
 
-def _already_complete(point: ResumePoint, checkpointer: Checkpointer, strat, traits, shape: _Shape, *, wall_start):
+def _already_complete(point: ResumePoint, adapter, checkpointer: Checkpointer, strat, traits, shape: _Shape, *,
+                      wall_start):
     log.info("the run in %s is already complete at step %d; nothing to train", checkpointer.options.directory,
              point.global_step)
     checkpointer.close()
-    history = model_mod.merged_history(point.metadata.history)
+    history = adapter.history(point.metadata.history)
     history.tfdist = summarize(
         strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
         sizes=shape.sizes, plan=shape.plan, global_step=point.global_step, start_step=point.global_step,
@@ -294,19 +296,15 @@ def _already_complete(point: ResumePoint, checkpointer: Checkpointer, strat, tra
 
 
 # --- 5. datasets -------------------------------------------------------------------------------
-def _datasets(strat, traits: strategy_mod.Traits, shape: _Shape, *, start_step: int):
+def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, start_step: int):
     """(training data, validation data, validation steps) from ``start_step`` on.
 
     Synchronous strategies: one distributed dataset, every pipeline feeding its own replicas;
-    each replica validates its own part. Coordinated (parameter servers): a dataset creator run
-    on every worker (see ``data.validation_input`` for validation)."""
-    import tf_keras
-
+    each replica validates its own part. Coordinated (parameter servers): dataset functions
+    that every worker runs, handed over the way the model's Keras wants them."""
     plan, sizes = shape.plan, shape.sizes
     if traits.coordinated:
-        train = tf_keras.utils.experimental.DatasetCreator(
-            data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True)
-        )
+        train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True))
     else:
         train = strat.distribute_datasets_from_function(
             data_mod.dataset_fn(shape.source, plan, start_step=start_step, stop_step=plan.total_steps)
@@ -315,11 +313,13 @@ def _datasets(strat, traits: strategy_mod.Traits, shape: _Shape, *, start_step: 
         return train, None, None
     validation, steps = data_mod.validation_input(shape.validation, sizes, strategy=strat,
                                                   parameter_server=traits.coordinated)
+    if traits.coordinated:
+        validation = adapter.validation_for_workers(validation)
     return train, validation, steps
 
 
 # --- 6. run ------------------------------------------------------------------------------------
-def _controller(built, checkpointer, options, strat, traits, cluster, shape: _Shape, *, start_step,
+def _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape: _Shape, *, start_step,
                 history) -> Controller:
     """The controller of this task: step counting, saves, preemption (agreed across workers)."""
     agreement = Agreement(strat, is_chief=cluster.is_chief) if traits.multi_process else None
@@ -332,7 +332,7 @@ def _controller(built, checkpointer, options, strat, traits, cluster, shape: _Sh
         preemption=Preemption(watcher=PreemptionWatcher(), agreement=agreement),
         history=list(history),
         faults=Faults(task_name=cluster.task_name),
-        before_save=(lambda: model_mod.settle(built)) if traits.coordinated else None,
+        before_save=(lambda: adapter.settle(built)) if traits.coordinated else None,
     )
 
 
@@ -350,25 +350,19 @@ def _peer_errors():
     return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError, tf.errors.CancelledError)
 
 
-def _run(built, controller: Controller, cluster, traits, shape: _Shape, train_data, val_data, validation_steps, *,
-         callbacks, verbose, checkpointer):
-    """Runs Keras' fit from the controller's start; a preemption exits with EXIT_PREEMPTED, a lost
-    peer raises PeerUnavailableError. Returns Keras' History (None if there was nothing to run)."""
-    from tfdist.training.callback import TrainingCallback
-
+def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape, train_data, val_data,
+         validation_steps, *, callbacks, verbose, checkpointer):
+    """Runs the adapter's loop (Keras' fit, or tfdist's own for Keras 3) from the controller's
+    start; a preemption exits with EXIT_PREEMPTED, a lost peer raises PeerUnavailableError.
+    Returns Keras' History (None if there was nothing to run)."""
     plan = shape.plan
     history = None
     try:
         with controller.preemption.watcher:
             if controller.start.global_step < plan.total_steps:
-                history = built.fit(
-                    train_data,
-                    epochs=plan.epochs,
-                    initial_epoch=controller.start.epoch,
-                    steps_per_epoch=plan.steps_per_epoch,
-                    validation_data=val_data,
-                    validation_steps=validation_steps,
-                    callbacks=[TrainingCallback(controller), *(callbacks or [])],
+                history = adapter.run(
+                    built, controller, train_data=train_data, validation_data=val_data,
+                    validation_steps=validation_steps, plan=plan, callbacks=callbacks,
                     verbose=_verbosity(verbose, cluster),
                 )
     except Preempted as e:
@@ -379,8 +373,8 @@ def _run(built, controller: Controller, cluster, traits, shape: _Shape, train_da
     except _peer_errors() as e:
         if cluster.num_workers > 1 or traits.coordinated:
             raise PeerUnavailableError(
-                f"a peer of {cluster.task_name} was lost during training ({describe(e)}). Fix: restart every task (tfdist launch does it); the run resumes "
-                "from its last checkpoint."
+                f"a peer of {cluster.task_name} was lost during training ({describe(e)}). Fix: restart every task "
+                "(tfdist launch does it); the run resumes from its last checkpoint."
             ) from e
         raise
     if checkpointer is not None:

@@ -1,8 +1,8 @@
-"""tfdist's own training loop for Keras 3 models (tfdist/keras3_loop.py) under every strategy.
+"""tfdist's own training loop for Keras 3 models (tfdist/training/keras3.py and loop.py) under every strategy.
 
 Each scenario runs in fresh processes (logical CPU devices must be split before TensorFlow
 starts; multi-worker clusters are real local processes): this file is also the program they
-run (``python tests/test_keras3_loop.py SCENARIO ...``), which prints one JSON line of results
+run (``python tests/test_keras3.py SCENARIO ...``), which prints one JSON line of results
 that the test asserts on.
 """
 
@@ -16,6 +16,9 @@ import tempfile
 
 import numpy as np
 import pytest
+
+from tfdist.training import keras3 as keras3_loop
+from tfdist.training import loop as loop_mod
 
 GLOBAL_BATCH, STEPS_PER_EPOCH, FEATURES, CLASSES = 16, 3, 6, 3
 # Replicas compute in another order than one device (per-replica sums, then an all-reduce):
@@ -74,7 +77,6 @@ def _dataset_fn(start_step, stop_step, replicas):
 def _train(strategy, model, *, epochs=2, start_step=0, validation=None, **kwargs):
     import tensorflow as tf
 
-    from tfdist import keras3_loop
 
     x, y = _data()
     keras3_loop.prepare(model, strategy=strategy, sample=(x[:8], y[:8]), grad_accum_steps=kwargs.get("grad_accum_steps", 1))
@@ -83,7 +85,7 @@ def _train(strategy, model, *, epochs=2, start_step=0, validation=None, **kwargs
     val = None
     if validation is not None:
         val = tf.data.Dataset.from_tensor_slices((x[:validation], y[:validation])).batch(GLOBAL_BATCH)
-    return keras3_loop.run_loop(model, strategy=strategy, train_data=data, steps_per_epoch=STEPS_PER_EPOCH, epochs=epochs,
+    return loop_mod.run_loop(model, strategy=strategy, train_data=data, steps_per_epoch=STEPS_PER_EPOCH, epochs=epochs,
                                 start_step=start_step, validation_data=val, verbose=0, **kwargs)
 
 
@@ -138,7 +140,6 @@ def program_one_device():
     import keras
     import tensorflow as tf
 
-    from tfdist import keras3_loop
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     x, y = _data()
@@ -166,7 +167,7 @@ def program_one_device():
     out["weights_equal"] = all(np.array_equal(a, b) for a, b in zip(_weights(reference), _weights(model)))
 
     # Hooks and batch indices with steps_per_execution=2, resumed at global step 4 (epoch 1, step 1).
-    class Hooks(keras3_loop.Hooks):
+    class Hooks(loop_mod.Hooks):
         def __init__(self):
             self.calls = []
 
@@ -224,7 +225,6 @@ def program_replicas():
     _two_cpus()
     import tensorflow as tf
 
-    from tfdist import keras3_loop
 
     strategies = {
         "one_device": tf.distribute.OneDeviceStrategy("/cpu:0"),
@@ -292,14 +292,13 @@ def _checkpointed(strategy, model):
     functions (after ``prepare``: the metric variables exist from then on)."""
     import tensorflow as tf
 
-    from tfdist import keras3_loop
 
     x, y = _data()
     keras3_loop.prepare(model, strategy=strategy, sample=(x[:8], y[:8]))
     rng, metrics = tf.Module(), tf.Module()
     rng.states = list(keras3_loop.random_state(model).values())  # not saved by Checkpoint(model=...)
     metrics.accumulators = list(model.metrics_variables)  # not saved by Checkpoint(model=...) either
-    replicas, capture, scatter = _replica_state(strategy, keras3_loop.replica_local_variables(model))
+    replicas, capture, scatter = _replica_state(strategy, keras3_loop.replica_local_variables(model, strategy))
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, rng=rng, metrics=metrics, replicas=replicas)
 
     def restore_accumulators(path):
@@ -323,7 +322,6 @@ def program_resume(phase, directory):
     _two_cpus()
     import tensorflow as tf
 
-    from tfdist import keras3_loop
 
     stop = 4
     strategies = {"one_device": tf.distribute.OneDeviceStrategy("/cpu:0"),
@@ -342,7 +340,7 @@ def program_resume(phase, directory):
                 model = _model()
             checkpoint, capture, _ = _checkpointed(strategy, model)
 
-            class SaveAndStop(keras3_loop.Hooks):
+            class SaveAndStop(loop_mod.Hooks):
                 def on_step_end(self, step):
                     if step == stop:
                         capture()
@@ -360,7 +358,7 @@ def program_resume(phase, directory):
             checkpoint, _, restore = _checkpointed(strategy, model)
             checkpoint.read(prefix).assert_existing_objects_matched().assert_consumed()
 
-            class RestoreEpoch(keras3_loop.Hooks):
+            class RestoreEpoch(loop_mod.Hooks):
                 def on_epoch_begin(self, epoch):
                     restore(prefix)  # after Keras reset the metrics: the resumed epoch's accumulators
 
@@ -377,7 +375,6 @@ def program_multi_worker():
     import tensorflow as tf
 
     import tfdist
-    from tfdist import keras3_loop
 
     strategy = tfdist.make_strategy("multi_worker_mirrored")
     with keras3_loop.building_scope(strategy):
@@ -414,7 +411,7 @@ def program_parameter_server():
     val = coordinator.create_per_worker_dataset(
         lambda _=None: tf.data.Dataset.from_tensor_slices((x[:32], y[:32])).repeat().batch(GLOBAL_BATCH))
     recorder = _Recorder.make()
-    history = keras3_loop.run_loop(model, strategy=strategy, train_data=train, steps_per_epoch=8, epochs=4,
+    history = loop_mod.run_loop(model, strategy=strategy, train_data=train, steps_per_epoch=8, epochs=4,
                                    validation_data=val, validation_steps=2, callbacks=[recorder], verbose=0,
                                    steps_per_execution=2, coordinator=coordinator)
     counts = {}
@@ -571,10 +568,10 @@ def test_refusals_name_the_input_and_the_fix():
     with pytest.raises(ModelError, match="overrides train_step"):
         keras3_loop.prepare(custom, strategy=strategy, sample=(np.zeros((4, 2)), np.zeros((4, 1))), grad_accum_steps=2)
     with pytest.raises(DataError, match="coordinator"):
-        keras3_loop.run_loop(custom, strategy=strategy, train_data=None, steps_per_epoch=1, epochs=1,
+        loop_mod.run_loop(custom, strategy=strategy, train_data=None, steps_per_epoch=1, epochs=1,
                              coordinator=object())
     with pytest.raises(DataError, match="steps_per_execution=0"):
-        keras3_loop.run_loop(custom, strategy=strategy, train_data=None, steps_per_epoch=1, epochs=1, steps_per_execution=0)
+        loop_mod.run_loop(custom, strategy=strategy, train_data=None, steps_per_epoch=1, epochs=1, steps_per_execution=0)
 
     class NoConfig(keras.Model):  # cannot be rebuilt in a scope without get_config
         def __init__(self):

@@ -1,15 +1,17 @@
-"""The training loop tfdist owns for Keras 3 models: its own train and test functions around the model's steps.
+"""The model side of fit for Keras 3 (TensorFlow's default Keras): checks, building in scope, state, accumulation.
 
-Keras 3's ``fit`` does not run under every ``tf.distribute`` strategy (MultiWorkerMirrored:
-tensorflow/tensorflow#72388; ParameterServer: keras-team/keras#18624; CentralStorage counts
-metrics wrongly; Mirrored with ``steps_per_execution > 1``: keras-team/keras#19246). This
-loop runs the model's own ``train_step``/``test_step`` (a user's override included) inside
-``strategy.run`` in a ``tf.function`` tfdist owns, under parameter servers through
-``coordinator.schedule``, and reads the logs from the model's metrics in cross-replica
-context, so that they are the metrics of the whole global batch on every strategy.
+tfdist trains Keras 3 models with its own loop (``training.loop``): Keras 3's ``fit`` does not
+run under every ``tf.distribute`` strategy. This module prepares the model for it: builds it
+in the strategy's scope (``building_scope``), creates its state before the first step so that
+a checkpoint restores into it (``prepare``), names the state a checkpoint must add to what
+``tf.train.Checkpoint(model=...)`` saves (``random_state``, ``replica_local_variables``), and
+accumulates gradients exactly under every synchronous strategy (``accumulating_train_step``).
 
-Every process of a synchronous cluster calls :func:`run_loop` with the same arguments: the
-functions it runs contain collectives, and the hooks are called at the same steps everywhere.
+Keras internals touched (pin Keras to the tested 3.15.x): ``Layer._flatten_layers`` (to find
+tf_keras layers inside a Keras 3 model); an instance-level rebinding of every variable's
+``_copy_trackable_to_cpu`` (asynchronous checkpoints, see ``_copy_to_cpu_once``); and, under
+central_storage and parameter servers only, of ``assign_add``/``assign_sub`` on metric
+variables and the optimizer's iterations (see ``prepare``).
 """
 
 from __future__ import annotations
@@ -17,50 +19,11 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from typing import Any, Sequence
+from typing import Any
 
-from tfdist.errors import DataError, ModelError
+from tfdist.errors import ModelError
 
 log = logging.getLogger("tfdist")
-
-__all__ = [
-    "Hooks",
-    "building_scope",
-    "built_in",
-    "rebuild_in_scope",
-    "check_model",
-    "is_keras3",
-    "prepare",
-    "random_state",
-    "replica_local_variables",
-    "run_loop",
-]
-
-
-class Hooks:
-    """What the loop tells tfdist's controller; every method is a no-op here.
-
-    Each is called on every process at the same point of the loop. ``on_step_end`` comes at
-    the end of each execution (every ``steps_per_execution`` steps, and at an epoch's last
-    step); it may save (a collective under multi_worker_mirrored) or raise to stop (the
-    exception propagates out of :func:`run_loop`). Under parameter servers it comes when the
-    execution has been *scheduled*: join the coordinator before reading or saving state.
-    """
-
-    def on_train_begin(self) -> None:
-        """Before the first epoch, before the user's callbacks see ``on_train_begin``."""
-
-    def on_epoch_begin(self, epoch: int) -> None:
-        """After the model's metrics were reset for ``epoch``: a resumed epoch restores its accumulators here."""
-
-    def on_step_end(self, global_step: int) -> None:
-        """After the execution that ends at ``global_step`` (steps since the run began, all epochs)."""
-
-    def on_epoch_end(self, epoch: int, logs: dict) -> None:
-        """After validation and the user's ``on_epoch_end``; ``logs`` are Python floats, ``val_`` ones included."""
-
-    def on_train_end(self) -> None:
-        """After the user's ``on_train_end``; not called when an exception ends the loop."""
 
 
 # --- which Keras ---------------------------------------------------------------------------
@@ -126,13 +89,12 @@ def _tf_keras_attributes(model):
 
 
 def _kind(strategy) -> str:
-    import tensorflow as tf
+    """``parameter_server``, ``central_storage``, or ``replicated`` (one_device, mirrored,
+    multi_worker_mirrored: one copy of every variable per replica)."""
+    from tfdist import strategy as strategy_mod
 
-    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-        return "parameter_server"
-    if isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy):
-        return "central_storage"
-    return "replicated"  # one_device, mirrored, multi_worker_mirrored: one copy of every variable per replica
+    name = strategy_mod.name_of(strategy)
+    return name if name in (strategy_mod.PARAMETER_SERVER, strategy_mod.CENTRAL_STORAGE) else "replicated"
 
 
 @contextlib.contextmanager
@@ -225,7 +187,7 @@ def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> Non
     check_model(model)
     kind = _kind(strategy)
     if grad_accum_steps > 1:
-        _check_accumulation(model, strategy, grad_accum_steps)
+        check_accumulation(model, strategy, grad_accum_steps)
     keras_steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
     if keras_steps and not isinstance(strategy, tf.distribute.OneDeviceStrategy):
         raise ModelError(
@@ -240,10 +202,13 @@ def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> Non
             model.test_step(sample)
         else:
             values = strategy.experimental_distribute_values_from_function(lambda _: sample)
-            strategy.run(model.test_step, args=(values,))
+            with _without_eager_warning():  # once, on one micro batch: the overhead does not matter
+                strategy.run(model.test_step, args=(values,))
         model.reset_metrics()
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+    for variable in {id(v): v for v in [*model.variables, *model.optimizer.variables, *model.metrics_variables]}.values():
+        _copy_to_cpu_once(variable)
     if kind in ("central_storage", "parameter_server"):
         # Keras 3's Variable.assign_add is ``assign(self + value)``: under central_storage a
         # replica-context assign of a SUM variable adds every replica's ``self + value``
@@ -253,6 +218,43 @@ def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> Non
         counters = [v for v in model.metrics_variables] + [model.optimizer.iterations]
         for variable in counters:
             _use_native_increments(variable)
+
+
+class _DropEagerWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eagerly has significant overhead" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_eager_warning():
+    """Hides TensorFlow's "Using ...Strategy eagerly has significant overhead" for one eager run."""
+    import tensorflow as tf
+
+    logger, drop = tf.get_logger(), _DropEagerWarning()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
+def _copy_to_cpu_once(variable) -> None:
+    """Lets TensorFlow's asynchronous checkpoints save Keras 3 variables.
+
+    An async save first copies every variable to host memory, in a ``tf.function`` that must
+    create its copies only once; Keras 3.15's ``KerasVariable._copy_trackable_to_cpu`` creates
+    a new ``tf.Variable`` on every call, so the first async save fails ("tf.function only
+    supports singleton tf.Variables created on the first call"). Here a Keras variable's copy
+    is its TensorFlow variable's copy, which TensorFlow makes once and then assigns."""
+    value = getattr(variable, "value", None)
+    if value is None or not hasattr(value, "_copy_trackable_to_cpu"):
+        return
+
+    def copy_to_cpu(object_map):
+        value._copy_trackable_to_cpu(object_map)
+        object_map[variable] = object_map[value]
+
+    variable._copy_trackable_to_cpu = copy_to_cpu
 
 
 def _use_native_increments(variable) -> None:
@@ -276,7 +278,7 @@ def random_state(model) -> dict[str, Any]:
     return {f"seed{i}": v for i, v in enumerate(v for v in model.variables if id(v) not in weights)}
 
 
-def replica_local_variables(model) -> list:
+def replica_local_variables(model, strategy) -> list:
     """The variables whose replicas may hold different values, as Keras variables.
 
     Under mirrored and multi_worker_mirrored: every metric variable (ON_READ, a partial sum
@@ -285,21 +287,23 @@ def replica_local_variables(model) -> list:
     each replica keeps the statistics of its own batches, and a checkpoint stores only the
     first replica's). For a bit-identical resume, save each replica's value of these and put
     each back into its own replica. Empty for strategies with one copy of each variable.
+    Under multi_worker_mirrored a worker holds only its own replicas' copies (one each with
+    one device per worker): the replica count decides, not the local copies.
     """
     import tensorflow as tf
 
-    found = []
-    for variable in [*model.metrics_variables, *model.non_trainable_variables]:
-        value = variable.value
-        if isinstance(value, tf.distribute.DistributedValues) and len(value.values) > 1:
-            found.append(variable)
-    return found
+    if strategy.num_replicas_in_sync < 2 or _kind(strategy) != "replicated":
+        return []
+    return [
+        variable for variable in [*model.metrics_variables, *model.non_trainable_variables]
+        if isinstance(variable.value, tf.distribute.DistributedValues)
+    ]
 
 
 # --- steps -----------------------------------------------------------------------------------
 
 
-def _check_accumulation(model, strategy, steps: int) -> None:
+def check_accumulation(model, strategy, steps: int) -> None:
     import keras
 
     if _kind(strategy) == "parameter_server":
@@ -377,247 +381,137 @@ def accumulating_train_step(model, steps: int, *, unrolled: bool = False):
     return step
 
 
-def _reducer(strategy, metric_names: frozenset):
-    """Maps a step's per-replica outputs to logs: {} when they are the model's metric results
-    (read afterwards in cross-replica context), else each output's mean over replicas (as
-    Keras' ``reduce_per_replica(..., "auto")``), decided when the function is traced."""
-    import tensorflow as tf
+def model_fingerprint(model) -> str:
+    """A hash of the model's structure: layer classes and weight shapes and dtypes, in order
+    (names are left out: Keras numbers them per process)."""
+    import hashlib
 
-    def reduce(outputs):
-        if isinstance(outputs, dict) and frozenset(outputs) == metric_names:
-            return {}
-
-        def mean(value):
-            if isinstance(value, tf.distribute.DistributedValues):
-                return strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
-            return value
-
-        return tf.nest.map_structure(mean, outputs)
-
-    return reduce
+    digest = hashlib.sha256()
+    for layer in model._flatten_layers(include_self=False):
+        shapes = ",".join(f"{tuple(w.shape)}:{w.dtype}" for w in layer.weights)
+        digest.update(f"{type(layer).__name__}[{shapes}];".encode())
+    return digest.hexdigest()[:16]
 
 
-class _Functions:
-    """The tf.functions of one loop: ``train(iterator, n)`` runs n steps (n a Python int, a
-    trace per distinct n) and returns logs; ``test(batch)`` runs one test step."""
-
-    def __init__(self, model, strategy, step_fn, metric_names: frozenset, *, parameter_server: bool):
-        import tensorflow as tf
-
-        self._model, self._strategy, self._step = model, strategy, step_fn
-        self._reduce = _reducer(strategy, metric_names)
-        self._ps = parameter_server
-        self._train: dict[int, Any] = {}
-        self.test = tf.function(self._test_one, reduce_retracing=True, autograph=False)
-        self.test_scheduled = tf.function(self._test_next, autograph=False)
-
-    def _logs(self, logs):
-        return self._model.get_metrics_result() if logs == {} else logs
-
-    def train(self, n: int):
-        import tensorflow as tf
-
-        if n not in self._train:
-            strategy, step, reduce = self._strategy, self._step, self._reduce
-
-            def run(iterator):
-                logs = reduce(strategy.run(step, args=(next(iterator),)))
-                if n > 1:
-                    def body(i, logs):
-                        return i + 1, reduce(strategy.run(step, args=(next(iterator),)))
-
-                    _, logs = tf.while_loop(lambda i, _: i < n - 1, body, (tf.constant(0), logs))
-                return {} if self._ps else self._logs(logs)
-
-            # No autograph, as in Keras' own train function: the user's train_step is traced as written.
-            self._train[n] = tf.function(run, autograph=False)
-        return self._train[n]
-
-    def _test_one(self, batch):
-        return self._logs(self._reduce(self._strategy.run(self._model.test_step, args=(batch,))))
-
-    def _test_next(self, iterator):
-        self._strategy.run(self._model.test_step, args=(next(iterator),))
-
-
-# --- the loop --------------------------------------------------------------------------------
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise DataError(f"Invalid `{name}`; received {name}={value!r}. Fix: use an integer >= {minimum}.")
-
-
-def _floats(logs) -> dict:
-    import numpy as np
-
-    out = {}
-    for key, value in (logs or {}).items():
-        array = np.asarray(value)
-        out[key] = float(array) if array.ndim == 0 else array
-    return out
-
-
-def run_loop(
-    model,
-    *,
-    strategy,
-    train_data,
-    steps_per_epoch: int,
-    epochs: int,
-    start_step: int = 0,
-    validation_data=None,
-    validation_steps: int | None = None,
-    callbacks: Sequence[Any] = (),
-    verbose: int = 1,
-    steps_per_execution: int = 1,
-    grad_accum_steps: int = 1,
-    hooks: Hooks | None = None,
-    coordinator=None,
-):
-    """Trains ``model`` from global step ``start_step`` to ``steps_per_epoch * epochs``;
-    returns the ``keras.callbacks.History`` of the epochs it ran.
-
-    Every process of a synchronous cluster must call it with the same arguments.
-
-    Args:
-      model: a compiled Keras 3 model built in ``strategy``'s scope (see :func:`building_scope`),
-        its state created by :func:`prepare` (and possibly restored from a checkpoint since).
-      train_data: synchronous strategies: a distributed dataset
-        (``strategy.distribute_datasets_from_function``) whose elements are the batches of
-        the global steps ``start_step, start_step + 1, ...``, at least as many as are run.
-        Parameter servers: a per-worker dataset (``coordinator.create_per_worker_dataset``)
-        that never ends; each element is the batch of one step on that worker.
-      steps_per_epoch, epochs: the run's length; the loop starts in epoch
-        ``start_step // steps_per_epoch`` at step ``start_step % steps_per_epoch`` of it.
-      validation_data: after each epoch. Synchronous strategies: a batched ``tf.data.Dataset``
-        or a distributed dataset, read to its end (or ``validation_steps`` batches).
-        Parameter servers: a per-worker dataset that never ends; ``validation_steps`` is then required.
-      callbacks: Keras 3 callbacks; they receive the calls ``model.fit`` makes, with the
-        batch index within the epoch (a resumed epoch starts at its real step). A progress
-        bar is added unless ``verbose == 0``.
-      steps_per_execution: steps run in one ``tf.function`` call. Executions end at multiples
-        of it within the epoch and at the epoch's end; batch callbacks and ``hooks.on_step_end``
-        are called once per execution.
-      grad_accum_steps: split every replica's batch into this many micro batches and apply
-        their summed gradient once (needs Keras' own ``train_step``; see :func:`accumulating_train_step`).
-      hooks: tfdist's controller (see :class:`Hooks`).
-      coordinator: the ``ClusterCoordinator`` under parameter servers, else None.
-    """
+def merged_history(previous: list[dict], history=None):
+    """A Keras 3 History holding every epoch of the run, earlier runs included."""
     import keras
-    import tensorflow as tf
 
-    _check_int("steps_per_epoch", steps_per_epoch, 1)
-    _check_int("epochs", epochs, 1)
-    _check_int("start_step", start_step, 0)
-    _check_int("steps_per_execution", steps_per_execution, 1)
-    _check_int("grad_accum_steps", grad_accum_steps, 1)
-    kind = _kind(strategy)
-    parameter_server = kind == "parameter_server"
-    if parameter_server != (coordinator is not None):
-        raise DataError(
-            f"a ClusterCoordinator goes with parameter_server and only with it; received coordinator={coordinator!r} "
-            f"under {type(strategy).__name__}. Fix: pass the coordinator that schedules this strategy's steps, or none."
+    merged = keras.callbacks.History()
+    merged.epoch = list(range(len(previous)))
+    for logs in previous:
+        for key, value in logs.items():
+            merged.history.setdefault(key, []).append(value)
+    if history is not None:
+        merged.set_model(history.model)
+        merged.set_params(history.params)
+    return merged
+
+
+class _ControllerHooks:
+    """The loop's hooks, reported to tfdist's controller (``training.controller.Controller``)."""
+
+    def __init__(self, controller, model):
+        self._controller, self._model = controller, model
+        self._resumed_mid_epoch = controller.start.mid_epoch
+
+    def on_train_begin(self) -> None:
+        self._controller.on_train_begin()
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        resumed, self._resumed_mid_epoch = self._resumed_mid_epoch, False
+        self._controller.on_epoch_begin(epoch, resumed_mid_epoch=resumed)
+
+    def on_step_end(self, global_step: int) -> None:
+        self._controller.on_step_end(global_step)
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        self._controller.on_epoch_end(epoch, logs)
+
+    def on_train_end(self) -> None:
+        self._controller.on_train_end(stopped_early=bool(self._model.stop_training))
+
+
+class Keras3:
+    """The Keras 3 adapter of one ``fit`` call: tfdist's own loop (``training.loop``) around the
+    model's ``train_step``, under parameter servers through a ``ClusterCoordinator``."""
+
+    name = "keras3"
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self._coordinator = None
+        self._grad_accum_steps = 1
+
+    @property
+    def coordinator(self):
+        """The ClusterCoordinator of a parameter-server strategy (made once), else None."""
+        import tensorflow as tf
+
+        if self._coordinator is None and _kind(self.strategy) == "parameter_server":
+            self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
+        return self._coordinator
+
+    def check(self, model) -> None:
+        check_model(model)
+
+    def in_scope(self, model):
+        return model if built_in(model, self.strategy) else rebuild_in_scope(model, self.strategy)
+
+    def after_build(self, model) -> None:
+        for output in getattr(model, "outputs", None) or []:
+            if str(getattr(output, "dtype", "")) in ("float16", "bfloat16"):
+                log.warning("model output %s is %s: compute the last layer in float32 (dtype='float32') so the loss "
+                            "stays accurate", getattr(output, "name", "?"), output.dtype)
+
+    def prepare(self, model, *, sample, grad_accum_steps: int) -> None:
+        self._grad_accum_steps = grad_accum_steps
+        self.coordinator  # noqa: B018 -- made before any step is scheduled
+        prepare(model, strategy=self.strategy, sample=sample, grad_accum_steps=grad_accum_steps)
+
+    def state(self, model):
+        """What a checkpoint holds of the model besides what ``tf.train.Checkpoint(model=...)``
+        saves: the seed generators' state, the metric variables (Keras 3 metric objects are not
+        checkpointable), and each replica's own value of what replicas update on their own."""
+        from tfdist.checkpoint import TrainingState
+
+        metric_ids = {id(v) for v in model.metrics_variables}
+        local = replica_local_variables(model, self.strategy)
+        return TrainingState(
+            model=model,
+            optimizer=model.optimizer,
+            random_state={key: v.value for key, v in random_state(model).items()},
+            metrics={f"v{i}": v.value for i, v in enumerate(model.metrics_variables)},
+            replica_state=[v.value for v in local if id(v) not in metric_ids],
+            replica_metrics=[v.value for v in local if id(v) in metric_ids],
         )
-    if parameter_server and validation_data is not None and validation_steps is None:
-        raise DataError(
-            "validation under parameter_server reads a per-worker dataset that never ends; received validation_steps=None. "
-            "Fix: pass validation_steps (batches per validation)."
+
+    def fingerprint(self, model) -> str:
+        return model_fingerprint(model)
+
+    def for_workers(self, dataset_fn):
+        """Training data under parameter servers: a per-worker dataset made by ``dataset_fn``."""
+        return self.coordinator.create_per_worker_dataset(dataset_fn)
+
+    def validation_for_workers(self, dataset_fn):
+        return self.coordinator.create_per_worker_dataset(lambda _=None: dataset_fn())
+
+    def settle(self, model) -> None:
+        if self._coordinator is not None:
+            self._coordinator.join()
+
+    def run(self, model, controller, *, train_data, validation_data, validation_steps, plan, callbacks, verbose):
+        """Runs tfdist's loop from the controller's start; returns the Keras 3 History."""
+        from tfdist.training.loop import run_loop
+
+        return run_loop(
+            model, strategy=self.strategy, train_data=train_data, steps_per_epoch=plan.steps_per_epoch,
+            epochs=plan.epochs, start_step=controller.start.global_step, validation_data=validation_data,
+            validation_steps=validation_steps, callbacks=callbacks or (), verbose=verbose,
+            steps_per_execution=int(getattr(model, "steps_per_execution", 1) or 1),
+            grad_accum_steps=self._grad_accum_steps, hooks=_ControllerHooks(controller, model),
+            coordinator=self._coordinator,
         )
-    check_model(model)
-    hooks = hooks if hooks is not None else Hooks()
-    total_steps = steps_per_epoch * epochs
 
-    if grad_accum_steps > 1:
-        _check_accumulation(model, strategy, grad_accum_steps)
-        step_fn = accumulating_train_step(model, grad_accum_steps, unrolled=kind == "central_storage")
-    else:
-        step_fn = model.train_step
-    with strategy.scope():
-        metric_names = frozenset(model.get_metrics_result())  # read once, in the same place on every worker
-    functions = _Functions(model, strategy, step_fn, metric_names, parameter_server=parameter_server)
-    if validation_data is not None and not parameter_server and isinstance(validation_data, tf.data.Dataset):
-        validation_data = strategy.experimental_distribute_dataset(validation_data)
-
-    callback_list = keras.callbacks.CallbackList(
-        list(callbacks), add_history=True, add_progbar=verbose != 0, model=model,
-        verbose=verbose, epochs=epochs, steps=steps_per_epoch,
-    )
-    model.stop_training = False
-    iterator = iter(train_data)
-    step = start_step
-    epoch_logs: dict = {}
-    hooks.on_train_begin()
-    callback_list.on_train_begin()
-    for epoch in range(start_step // steps_per_epoch, epochs):
-        if step >= total_steps:
-            break
-        model.reset_metrics()
-        hooks.on_epoch_begin(epoch)
-        callback_list.on_epoch_begin(epoch)
-        logs: dict = {}
-        epoch_end = (epoch + 1) * steps_per_epoch
-        while step < epoch_end:
-            begin = step % steps_per_epoch
-            n = min(steps_per_execution - begin % steps_per_execution, steps_per_epoch - begin)
-            callback_list.on_train_batch_begin(begin)
-            if parameter_server:
-                coordinator.schedule(functions.train(n), args=(iterator,))
-            else:
-                logs = functions.train(n)(iterator)
-            step += n
-            callback_list.on_train_batch_end(begin + n - 1, logs)
-            hooks.on_step_end(step)
-            if model.stop_training:
-                break
-        if parameter_server:
-            coordinator.join()
-            with strategy.scope():
-                logs = model.get_metrics_result()
-        epoch_logs = _floats(logs)
-        if validation_data is not None:
-            epoch_logs.update(
-                {f"val_{k}": v for k, v in _validate(model, strategy, functions, callback_list, validation_data,
-                                                     validation_steps, coordinator).items()}
-            )
-        callback_list.on_epoch_end(epoch, epoch_logs)
-        history = model.history
-        if history.epoch and history.epoch[-1] == epoch:  # what History recorded, with keys callbacks added
-            epoch_logs = {key: values[-1] for key, values in history.history.items()}
-        hooks.on_epoch_end(epoch, dict(epoch_logs))
-        if model.stop_training:
-            break
-    # As fit: an optimizer with use_ema=True writes its averages into the weights (else nothing).
-    model.optimizer.finalize_variable_values(model.trainable_weights)
-    callback_list.on_train_end(logs=epoch_logs)
-    hooks.on_train_end()
-    return model.history
-
-
-def _validate(model, strategy, functions: _Functions, callback_list, data, steps: int | None, coordinator) -> dict:
-    """One pass over the validation data with the model's test_step, as ``fit`` runs ``evaluate``."""
-    model.reset_metrics()
-    model.stop_evaluating = False
-    callback_list.on_test_begin()
-    logs: dict = {}
-    if coordinator is not None:
-        iterator = iter(data)
-        for i in range(steps):
-            callback_list.on_test_batch_begin(i)
-            coordinator.schedule(functions.test_scheduled, args=(iterator,))
-            callback_list.on_test_batch_end(i, {})
-        coordinator.join()
-        with strategy.scope():
-            logs = model.get_metrics_result()
-    else:
-        for i, batch in enumerate(data):
-            if steps is not None and i >= steps:
-                break
-            callback_list.on_test_batch_begin(i)
-            logs = functions.test(batch)
-            callback_list.on_test_batch_end(i, logs)
-            if model.stop_evaluating:
-                break
-    logs = _floats(logs)
-    callback_list.on_test_end(logs)
-    return logs
+    def history(self, previous: list[dict], keras_history=None):
+        return merged_history(previous, keras_history)

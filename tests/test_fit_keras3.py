@@ -1,0 +1,211 @@
+"""tfdist.fit with Keras 3 models (TensorFlow's default Keras): callbacks, custom steps, precision,
+accumulation, refusals, and metrics equal to one device under mirrored and central_storage.
+
+Exact resume with Keras 3 is tested where tf_keras' is: tests/test_checkpoint.py and
+tests/multiprocess/ (the built-in models are Keras 3 by default)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist.errors import ModelError
+
+from conftest import base_env
+
+_RNG = np.random.RandomState(3)
+X = _RNG.rand(256, 6).astype(np.float32)
+Y = (X.sum(1) * 1.7).astype(np.int64) % 3
+
+
+def _model(*, dropout=True, synchronized=False, schedule=True):
+    import keras
+
+    lr = keras.optimizers.schedules.ExponentialDecay(0.01, 20, 0.9) if schedule else 0.01
+    # No bias before BatchNormalization (it cancels out; Adam would turn its float noise into steps).
+    layers = [keras.Input((6,)), keras.layers.Dense(16, use_bias=False), keras.layers.BatchNormalization(synchronized=synchronized),
+              keras.layers.Activation("relu")]
+    if dropout:
+        layers.append(keras.layers.Dropout(0.2))
+    model = keras.Sequential([*layers, keras.layers.Dense(3)])
+    model.compile(keras.optimizers.Adam(lr), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def _fit(**kwargs):
+    options = dict(epochs=2, batch_size=32, strategy="one_device", seed=1, deterministic=True, verbose=0)
+    options.update(kwargs)
+    model = options.pop("model", _model)
+    return tfdist.fit(model, options.pop("data", (X, Y)), **options)
+
+
+def test_a_keras_3_model_trains_and_the_users_callbacks_see_what_model_fit_gives_them(tmp_path):
+    import keras
+
+    class Counter(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls = {}
+
+        def _count(self, name):
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+        def on_train_begin(self, logs=None):
+            self._count("train_begin")
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._count("epoch_begin")
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._count("batch_end")
+            assert set(logs) >= {"loss", "accuracy"}
+
+        def on_test_begin(self, logs=None):
+            self._count("test_begin")
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._count("epoch_end")
+            assert set(logs) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+
+        def on_train_end(self, logs=None):
+            self._count("train_end")
+
+    counter = Counter()
+    history = _fit(epochs=3, validation_data=(X[:64], Y[:64]), callbacks=[counter, keras.callbacks.TensorBoard(str(tmp_path))])
+    assert isinstance(history, keras.callbacks.History) and history.tfdist.global_step == 3 * 8
+    assert history.history["loss"][-1] < history.history["loss"][0] and len(history.epoch) == 3
+    assert counter.calls == {"train_begin": 1, "epoch_begin": 3, "batch_end": 24, "test_begin": 3, "epoch_end": 3,
+                             "train_end": 1}
+    assert list(tmp_path.glob("train/events.out.tfevents.*")) and list(tmp_path.glob("validation/events.out.tfevents.*"))
+
+
+def test_early_stopping_stops_the_run_and_a_second_call_reports_it_complete(tmp_path):
+    import keras
+
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)  # stops after epoch 2
+    history = _fit(epochs=5, callbacks=[stop], checkpoint_dir=str(tmp_path))
+    assert len(history.epoch) == 2 and history.tfdist.global_step == 16
+    again = _fit(epochs=5, checkpoint_dir=str(tmp_path))
+    assert again.tfdist.start_step == 16 and again.tfdist.completed and len(again.epoch) == 2
+
+
+def test_a_subclassed_model_with_its_own_train_step_runs_that_step():
+    import keras
+
+    class Custom(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+            self.steps = keras.Variable(0, dtype="int64", trainable=False)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            self.steps.assign_add(1)
+            return super().train_step(data)
+
+    def build():
+        model = Custom()
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    history = _fit(model=build, epochs=1)
+    assert int(history.model.steps.numpy()) == 8
+
+
+def test_mixed_precision_builds_the_model_under_the_policy():
+    history = _fit(model=lambda: _model(dropout=False), mixed_precision="mixed_float16", epochs=1)
+    model = history.model
+    assert type(model.optimizer).__name__ == "LossScaleOptimizer"
+    assert model.layers[0].compute_dtype == "float16" and np.isfinite(history.history["loss"][0])
+
+
+def test_gradient_accumulation_equals_the_large_batch():
+    import keras
+
+    def dense():  # no BatchNormalization: its statistics would differ on micro batches
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    big = _fit(model=dense, epochs=2)
+    acc = _fit(model=dense, epochs=2, grad_accum_steps=4)
+    assert acc.tfdist.micro_batch_size == 8 and int(acc.model.optimizer.iterations.numpy()) == 16
+    for a, b in zip(big.model.get_weights(), acc.model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(big.history["loss"], acc.history["loss"], rtol=1e-5)
+
+
+def test_refusals_name_the_problem_and_the_fix(monkeypatch):
+    import keras
+    import tf_keras
+
+    with pytest.raises(ModelError, match="BackupAndRestore"):
+        _fit(callbacks=[keras.callbacks.BackupAndRestore("/tmp/unused-backup")])
+
+    class Mixed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.inner = tf_keras.layers.Dense(3)  # a tf_keras layer inside a Keras 3 model never trains
+
+        def call(self, x):
+            return self.inner(x)
+
+    def build_mixed():
+        model = Mixed()
+        model.compile("sgd", "mse")
+        return model
+
+    with pytest.raises(ModelError, match="holds tf_keras layers.*Fix: build every layer with Keras 3"):
+        _fit(model=build_mixed, epochs=1)
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(ModelError, match="KERAS_BACKEND='jax'.*Fix: set KERAS_BACKEND=tensorflow"):
+        _fit(epochs=1)
+
+
+_TWO_CPUS = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    import tfdist
+    devices = tfdist.split_cpu(2)
+    from test_fit_keras3 import X, Y, _model
+
+    out = {}
+    for name in ("one_device", "mirrored", "central_storage"):
+        # Synchronized BatchNormalization and no dropout: replicas then compute what one device does.
+        history = tfdist.fit(lambda: _model(dropout=False, synchronized=True), (X, Y), epochs=2, batch_size=32,
+                             strategy=name, devices=None if name == "one_device" else devices, seed=1,
+                             deterministic=True, verbose=0, validation_data=(X[:64], Y[:64]))
+        out[name] = {"history": history.history, "replicas": history.tfdist.num_replicas,
+                     "weights": [w.tolist() for w in history.model.get_weights()]}
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_mirrored_and_central_storage_give_one_devices_metrics_and_weights(procs):
+    import os
+
+    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.run([sys.executable, "-c", _TWO_CPUS], timeout=280, env=environ)
+    assert code == 0, out[-3000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    one = result["one_device"]
+    for name in ("mirrored", "central_storage"):
+        run = result[name]
+        assert run["replicas"] == 2
+        for key, values in one["history"].items():  # same global batch: same metrics (float tolerance)
+            # An accuracy can flip on one example whose logits tie within float error (1 of 64).
+            atol = 1.5 / 64 if "accuracy" in key else 1e-6
+            np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=atol, err_msg=f"{name} {key}")
+        for a, b in zip(run["weights"], one["weights"]):
+            np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)

@@ -1,0 +1,341 @@
+"""The model side of fit for tf_keras (the Keras 2 API): checks, building in scope, accumulation,
+mixed precision, RNG state, and ``TfKeras``, the adapter ``fit`` uses (tf_keras' own ``fit`` loop
+with tfdist's callback)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import types
+from typing import Any, Sequence
+
+import numpy as np
+
+from tfdist import _checks
+from tfdist.errors import ModelError
+
+log = logging.getLogger("tfdist")
+
+PRECISIONS = _checks.PRECISIONS
+
+
+def is_tf_keras(obj: Any) -> bool:
+    """True for an instance of a tf_keras class or a subclass of one."""
+    return any(c.__module__ == "tf_keras" or c.__module__.startswith("tf_keras.") for c in type(obj).__mro__)
+
+
+def check(model: Any) -> None:
+    """Refuses a tf_keras model tfdist cannot train: not a model, or not compiled."""
+    import tf_keras
+
+    if not isinstance(model, tf_keras.Model):
+        raise ModelError(
+            f"the model must be a compiled Keras model; received {type(model).__module__}.{type(model).__name__}. "
+            "Fix: pass a function that builds and compiles a model, or a compiled model."
+        )
+    if model.optimizer is None or not getattr(model, "compiled_loss", None):
+        raise ModelError(
+            f"the model {model.name!r} is not compiled; received a model without optimizer or loss. "
+            "Fix: call model.compile(optimizer=..., loss=..., metrics=...) in your builder."
+        )
+
+
+def precision_warning(precision: str, *, gpu_capabilities: Sequence[tuple[int, int]]) -> str | None:
+    """The warning a mixed-precision policy deserves on GPUs of these compute capabilities
+    (none: no GPU), or None. Pure."""
+    if precision == "float32":
+        return None
+    if not gpu_capabilities:
+        return (f"{precision} on a machine with no GPU: the CPU has no fast path for 16-bit math, so steps may be "
+                "slower; it still saves activation memory")
+    lowest = min(tuple(c) for c in gpu_capabilities)
+    shown = ".".join(str(v) for v in lowest)
+    if precision == "mixed_float16" and lowest < (7, 0):
+        return f"mixed_float16 on a GPU of compute capability {shown}: no Tensor Cores (7.0+), little speed-up"
+    if precision == "mixed_bfloat16" and lowest < (8, 0):
+        advice = "; mixed_float16 is fast on this GPU" if lowest >= (7, 0) else ""
+        return (f"mixed_bfloat16 on a GPU of compute capability {shown}: bfloat16 math is fast from 8.0 (Ampere) "
+                f"on, so steps may be slower than in float32{advice}")
+    return None
+
+
+def _gpu_capabilities() -> list[tuple[int, int]]:
+    import tensorflow as tf
+
+    details = (tf.config.experimental.get_device_details(gpu) for gpu in tf.config.list_physical_devices("GPU"))
+    return [tuple(d.get("compute_capability") or (0, 0)) for d in details]
+
+
+@contextlib.contextmanager
+def precision_policy(precision: str):
+    """Sets the Keras dtype policy while the model is built, then restores the previous one."""
+    import tf_keras
+
+    _checks.check_choice("mixed_precision", precision, PRECISIONS, error=ModelError)
+    previous = tf_keras.mixed_precision.global_policy()
+    if precision != "float32":
+        warning = precision_warning(precision, gpu_capabilities=_gpu_capabilities())
+        if warning:
+            log.warning("%s", warning)
+        tf_keras.mixed_precision.set_global_policy(precision)
+    try:
+        yield
+    finally:
+        tf_keras.mixed_precision.set_global_policy(previous)
+
+
+def model_fingerprint(model) -> str:
+    """A hash of the model's structure: layer classes and weight shapes and dtypes, in order.
+
+    Names are left out: Keras numbers them per process (dense, dense_1, ...)."""
+    digest = hashlib.sha256()
+    for layer in model._flatten_layers(include_self=False):
+        shapes = ",".join(f"{tuple(w.shape)}:{w.dtype.name}" for w in layer.weights)
+        digest.update(f"{type(layer).__name__}[{shapes}];".encode())
+    return digest.hexdigest()[:16]
+
+
+def settle(model) -> None:
+    """Waits until every step scheduled so far has run (parameter servers: before a save)."""
+    coordinator = getattr(model, "_cluster_coordinator", None)
+    if coordinator is not None:
+        coordinator.join()
+
+
+def merged_history(previous: list[dict], history=None):
+    """A Keras History holding every epoch of the run, earlier runs included."""
+    import tf_keras
+
+    merged = tf_keras.callbacks.History()
+    merged.epoch = list(range(len(previous)))
+    for logs in previous:
+        for key, value in logs.items():
+            merged.history.setdefault(key, []).append(value)
+    if history is not None:
+        merged.model = history.model
+        merged.params = history.params
+    return merged
+
+
+def _rebuild(model, strategy):
+    """Rebuilds a Sequential or functional model inside the strategy's scope."""
+    import tf_keras
+
+    if not (isinstance(model, tf_keras.Sequential) or getattr(model, "_is_graph_network", False)):
+        raise ModelError(
+            f"a subclassed model created outside the strategy's scope cannot be rebuilt in it; received "
+            f"{type(model).__name__}. Fix: pass a function that builds and compiles the model, e.g. "
+            "tfdist.fit(lambda: make_model(), data); tfdist calls it inside the scope."
+        )
+    args = model._get_compile_args(user_metrics=True)
+    with strategy.scope():
+        rebuilt = tf_keras.models.clone_model(model)
+        rebuilt.set_weights(model.get_weights())
+        optimizer = tf_keras.optimizers.deserialize(tf_keras.optimizers.serialize(model.optimizer))
+        rebuilt.compile(
+            optimizer=optimizer,
+            loss=args["loss"],
+            metrics=args["metrics"],
+            loss_weights=args["loss_weights"],
+            weighted_metrics=args["weighted_metrics"],
+            steps_per_execution=int(model._steps_per_execution.numpy()) if model._steps_per_execution is not None else 1,
+            jit_compile=getattr(model, "_jit_compile", None),
+        )
+    log.info("model %s was created outside the strategy's scope: rebuilt inside it with its weights", model.name)
+    return rebuilt
+
+
+def in_scope(model, strategy):
+    """``model`` with its variables in ``strategy``: itself, or a copy rebuilt in the scope."""
+    if getattr(model, "_distribution_strategy", None) is not strategy:
+        return _rebuild(model, strategy)
+    return model
+
+
+def warn_low_precision_outputs(model) -> None:
+    for output in model.outputs or []:
+        if output.dtype.name in ("float16", "bfloat16"):
+            log.warning(
+                "model output %s is %s: compute the last layer in float32 (dtype='float32') so the loss stays accurate",
+                output.name, output.dtype.name,
+            )
+
+
+def random_generators(model) -> dict[str, Any]:
+    """The tf.random.Generator of every random layer, keyed by layer path (checkpointed state)."""
+    generators = {}
+    legacy = []
+    for index, layer in enumerate(model._flatten_layers(include_self=False)):
+        rng = getattr(layer, "_random_generator", None)
+        if rng is None:
+            continue
+        if getattr(rng, "_generator", None) is not None:
+            generators[f"layer{index}"] = rng._generator  # by position: names differ per process
+        elif getattr(rng, "_rng_type", None) == "legacy_stateful":
+            legacy.append(layer.name)
+    if legacy:
+        log.warning(
+            "layers %s draw random numbers from TensorFlow's global state, which no checkpoint holds: a resumed "
+            "run will not be bit-identical. Fix: pass a builder function so tfdist builds the model.", legacy,
+        )
+    return generators
+
+
+def build_state(model, sample: tuple[np.ndarray, np.ndarray]) -> None:
+    """Creates the optimizer slots and the compiled loss and metric objects now (Keras creates
+    them at the first step), so that a checkpoint restores into them before training starts."""
+    import tensorflow as tf
+
+    x, y = sample
+    with model.distribute_strategy.scope():
+        y_pred = model(tf.constant(x), training=False)
+        model.compiled_loss.build(y_pred)
+        model.compiled_metrics.build(y_pred, tf.constant(y))
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if hasattr(optimizer, "build"):
+            optimizer.build(model.trainable_variables)
+        _aggregate_schedule_variable(optimizer, model.distribute_strategy)
+
+
+def _aggregate_schedule_variable(optimizer, strategy) -> None:
+    """Works around a tf_keras bug under CentralStorageStrategy (tf_keras 2.16-2.21).
+
+    With a learning-rate schedule, tf_keras keeps the current rate in a variable
+    (``_current_learning_rate``) created without an aggregation and assigned in replica
+    context at every step; a central-storage (aggregating) variable refuses that, so plain
+    ``model.fit`` fails at its first step ("You must specify an aggregation method"). Every
+    replica computes the same rate, so the variable is recreated, with its value and under the
+    same checkpoint name, with ``ONLY_FIRST_REPLICA`` aggregation."""
+    import tensorflow as tf
+
+    current = getattr(optimizer, "_current_learning_rate", None)
+    if not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy) or current is None:
+        return
+    if current.aggregation != tf.VariableAggregation.NONE:
+        return
+    with strategy.scope():
+        optimizer._current_learning_rate = tf.Variable(
+            current.read_value(), name="current_learning_rate", dtype=current.dtype, trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
+
+
+def install_grad_accumulation(model, steps: int) -> None:
+    """Makes each train step split its batch into ``steps`` micro batches and apply their mean
+    gradient once: one cross-replica reduction and one optimizer iteration per step."""
+    import tensorflow as tf
+    import tf_keras
+
+    if steps == 1:
+        return
+    from tf_keras.src.engine import data_adapter
+
+    optimizer = model.optimizer
+    scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+
+    def train_step(self, data):
+        x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
+        split = lambda t: None if t is None else tf.reshape(t, tf.concat([[steps, -1], tf.shape(t)[1:]], 0))  # noqa: E731
+        xs, ys, ws = split(x), split(y), split(sample_weight)
+        variables = self.trainable_variables
+
+        def micro_step(i, total):
+            xi, yi = tf.gather(xs, i), tf.gather(ys, i)
+            wi = None if ws is None else tf.gather(ws, i)
+            with tf.GradientTape() as tape:
+                y_pred = self(xi, training=True)
+                loss = self.compute_loss(xi, yi, y_pred, wi)
+                if scaled:
+                    loss = optimizer.get_scaled_loss(loss)
+            grads = tape.gradient(loss, variables)
+            if scaled:
+                grads = optimizer.get_unscaled_gradients(grads)
+            self.compiled_metrics.update_state(yi, y_pred, wi)  # results are read once, after the loop
+            return i + 1, [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
+
+        _, total = tf.while_loop(
+            lambda i, _: i < steps, micro_step, (tf.constant(0), [tf.zeros_like(v) for v in variables])
+        )
+        optimizer.apply_gradients(zip([t / steps for t in total], variables))
+        return self.get_metrics_result()
+
+    model.train_step = types.MethodType(train_step, model)
+    model.train_function = None  # retrace with the new step
+    log.info("gradient accumulation: %d micro batches per optimizer step", steps)
+
+
+
+class TfKeras:
+    """The tf_keras adapter of one ``fit`` call: tf_keras' own ``model.fit`` loop, with
+    ``callback.TrainingCallback`` reporting every step and epoch to tfdist's controller."""
+
+    name = "tf_keras"
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def check(self, model) -> None:
+        check(model)
+
+    def in_scope(self, model):
+        return in_scope(model, self.strategy)
+
+    def after_build(self, model) -> None:
+        warn_low_precision_outputs(model)
+
+    def prepare(self, model, *, sample, grad_accum_steps: int) -> None:
+        """Installs accumulation and creates every variable now (a checkpoint restores into them)."""
+        install_grad_accumulation(model, grad_accum_steps)
+        build_state(model, sample)
+
+    def state(self, model):
+        """What a checkpoint holds of the model: tf_keras metric objects are checkpointable, and
+        every on-read variable (BatchNormalization's statistics, metric accumulators) has a value
+        per replica."""
+        from tfdist.checkpoint import TrainingState
+        from tfdist.checkpoint.replicas import on_read_variables
+
+        metric_variables = [v for metric in model.metrics for v in metric.variables]
+        metric_ids = {id(v) for v in metric_variables}
+        return TrainingState(
+            model=model,
+            optimizer=model.optimizer,
+            random_state=random_generators(model),
+            metrics={f"m{i}_{metric.name}": metric for i, metric in enumerate(model.metrics)},
+            replica_state=[v for v in on_read_variables(model, model.optimizer) if id(v) not in metric_ids],
+            replica_metrics=metric_variables,
+        )
+
+    def fingerprint(self, model) -> str:
+        return model_fingerprint(model)
+
+    def for_workers(self, dataset_fn):
+        """Training data under parameter servers: a dataset function every worker runs."""
+        import tf_keras
+
+        return tf_keras.utils.experimental.DatasetCreator(dataset_fn)
+
+    def validation_for_workers(self, dataset_fn):
+        return dataset_fn()  # tf_keras hands the dataset to the workers itself
+
+    def settle(self, model) -> None:
+        settle(model)
+
+    def run(self, model, controller, *, train_data, validation_data, validation_steps, plan, callbacks, verbose):
+        """Runs tf_keras' fit from the controller's start; returns its History."""
+        from tfdist.training.callback import TrainingCallback
+
+        return model.fit(
+            train_data,
+            epochs=plan.epochs,
+            initial_epoch=controller.start.epoch,
+            steps_per_epoch=plan.steps_per_epoch,
+            validation_data=validation_data,
+            validation_steps=validation_steps,
+            callbacks=[TrainingCallback(controller), *(callbacks or [])],
+            verbose=verbose,
+        )
+
+    def history(self, previous: list[dict], keras_history=None):
+        return merged_history(previous, keras_history)

@@ -1,0 +1,293 @@
+"""The training loop tfdist owns for Keras 3 models: its own train and test functions around the model's steps.
+
+Keras 3's ``fit`` does not run under every ``tf.distribute`` strategy (MultiWorkerMirrored:
+tensorflow/tensorflow#72388; ParameterServer: keras-team/keras#18624; CentralStorage counts
+metrics wrongly; Mirrored with ``steps_per_execution > 1``: keras-team/keras#19246). This
+loop runs the model's own ``train_step``/``test_step`` (a user's override included) inside
+``strategy.run`` in a ``tf.function`` tfdist owns, under parameter servers through
+``coordinator.schedule``, and reads the logs from the model's metrics in cross-replica
+context, so that they are the metrics of the whole global batch on every strategy.
+
+Every process of a synchronous cluster calls :func:`run_loop` with the same arguments: the
+functions it runs contain collectives, and the hooks are called at the same steps everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from tfdist import _checks
+from tfdist.errors import DataError
+from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model
+
+log = logging.getLogger("tfdist")
+
+__all__ = ["Hooks", "run_loop"]
+
+
+class Hooks:
+    """What the loop tells tfdist's controller; every method is a no-op here.
+
+    Each is called on every process at the same point of the loop. ``on_step_end`` comes at
+    the end of each execution (every ``steps_per_execution`` steps, and at an epoch's last
+    step); it may save (a collective under multi_worker_mirrored) or raise to stop (the
+    exception propagates out of :func:`run_loop`). Under parameter servers it comes when the
+    execution has been *scheduled*: join the coordinator before reading or saving state.
+    """
+
+    def on_train_begin(self) -> None:
+        """Before the first epoch, before the user's callbacks see ``on_train_begin``."""
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        """After the model's metrics were reset for ``epoch``: a resumed epoch restores its accumulators here."""
+
+    def on_step_end(self, global_step: int) -> None:
+        """After the execution that ends at ``global_step`` (steps since the run began, all epochs)."""
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        """After validation and the user's ``on_epoch_end``; ``logs`` are Python floats, ``val_`` ones included."""
+
+    def on_train_end(self) -> None:
+        """After the user's ``on_train_end``; not called when an exception ends the loop."""
+
+
+def _reducer(strategy, metric_names: frozenset):
+    """Maps a step's per-replica outputs to logs: {} when they are the model's metric results
+    (read afterwards in cross-replica context), else each output's mean over replicas (as
+    Keras' ``reduce_per_replica(..., "auto")``), decided when the function is traced."""
+    import tensorflow as tf
+
+    def reduce(outputs):
+        if isinstance(outputs, dict) and frozenset(outputs) == metric_names:
+            return {}
+
+        def mean(value):
+            if isinstance(value, tf.distribute.DistributedValues):
+                return strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+            return value
+
+        return tf.nest.map_structure(mean, outputs)
+
+    return reduce
+
+
+class _Functions:
+    """The tf.functions of one loop: ``train(iterator, n)`` runs n steps (n a Python int, a
+    trace per distinct n) and returns logs; ``test(batch)`` runs one test step."""
+
+    def __init__(self, model, strategy, step_fn, metric_names: frozenset, *, parameter_server: bool):
+        import tensorflow as tf
+
+        self._model, self._strategy, self._step = model, strategy, step_fn
+        self._reduce = _reducer(strategy, metric_names)
+        self._ps = parameter_server
+        self._train: dict[int, Any] = {}
+        self.test = tf.function(self._test_one, reduce_retracing=True, autograph=False)
+        self.test_scheduled = tf.function(self._test_next, autograph=False)
+
+    def _logs(self, logs):
+        return self._model.get_metrics_result() if logs == {} else logs
+
+    def train(self, n: int):
+        import tensorflow as tf
+
+        if n not in self._train:
+            strategy, step, reduce = self._strategy, self._step, self._reduce
+
+            def run(iterator):
+                logs = reduce(strategy.run(step, args=(next(iterator),)))
+                if n > 1:
+                    def body(i, logs):
+                        return i + 1, reduce(strategy.run(step, args=(next(iterator),)))
+
+                    _, logs = tf.while_loop(lambda i, _: i < n - 1, body, (tf.constant(0), logs))
+                return {} if self._ps else self._logs(logs)
+
+            # No autograph, as in Keras' own train function: the user's train_step is traced as written.
+            self._train[n] = tf.function(run, autograph=False)
+        return self._train[n]
+
+    def _test_one(self, batch):
+        return self._logs(self._reduce(self._strategy.run(self._model.test_step, args=(batch,))))
+
+    def _test_next(self, iterator):
+        self._strategy.run(self._model.test_step, args=(next(iterator),))
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+def _floats(logs) -> dict:
+    import numpy as np
+
+    out = {}
+    for key, value in (logs or {}).items():
+        array = np.asarray(value)
+        out[key] = float(array) if array.ndim == 0 else array
+    return out
+
+
+def run_loop(
+    model,
+    *,
+    strategy,
+    train_data,
+    steps_per_epoch: int,
+    epochs: int,
+    start_step: int = 0,
+    validation_data=None,
+    validation_steps: int | None = None,
+    callbacks: Sequence[Any] = (),
+    verbose: int = 1,
+    steps_per_execution: int = 1,
+    grad_accum_steps: int = 1,
+    hooks: Hooks | None = None,
+    coordinator=None,
+):
+    """Trains ``model`` from global step ``start_step`` to ``steps_per_epoch * epochs``;
+    returns the ``keras.callbacks.History`` of the epochs it ran.
+
+    Every process of a synchronous cluster must call it with the same arguments.
+
+    Args:
+      model: a compiled Keras 3 model built in ``strategy``'s scope (see :func:`building_scope`),
+        its state created by :func:`prepare` (and possibly restored from a checkpoint since).
+      train_data: synchronous strategies: a distributed dataset
+        (``strategy.distribute_datasets_from_function``) whose elements are the batches of
+        the global steps ``start_step, start_step + 1, ...``, at least as many as are run.
+        Parameter servers: a per-worker dataset (``coordinator.create_per_worker_dataset``)
+        that never ends; each element is the batch of one step on that worker.
+      steps_per_epoch, epochs: the run's length; the loop starts in epoch
+        ``start_step // steps_per_epoch`` at step ``start_step % steps_per_epoch`` of it.
+      validation_data: after each epoch. Synchronous strategies: a batched ``tf.data.Dataset``
+        or a distributed dataset, read to its end (or ``validation_steps`` batches).
+        Parameter servers: a per-worker dataset that never ends; ``validation_steps`` is then required.
+      callbacks: Keras 3 callbacks; they receive the calls ``model.fit`` makes, with the
+        batch index within the epoch (a resumed epoch starts at its real step). A progress
+        bar is added unless ``verbose == 0``.
+      steps_per_execution: steps run in one ``tf.function`` call. Executions end at multiples
+        of it within the epoch and at the epoch's end; batch callbacks and ``hooks.on_step_end``
+        are called once per execution.
+      grad_accum_steps: split every replica's batch into this many micro batches and apply
+        their summed gradient once (needs Keras' own ``train_step``; see :func:`accumulating_train_step`).
+      hooks: tfdist's controller (see :class:`Hooks`).
+      coordinator: the ``ClusterCoordinator`` under parameter servers, else None.
+    """
+    import keras
+    import tensorflow as tf
+
+    _checks.check_int("steps_per_epoch", steps_per_epoch, error=DataError, minimum=1)
+    _checks.check_int("epochs", epochs, error=DataError, minimum=1)
+    _checks.check_int("start_step", start_step, error=DataError, minimum=0)
+    _checks.check_int("steps_per_execution", steps_per_execution, error=DataError, minimum=1)
+    _checks.check_int("grad_accum_steps", grad_accum_steps, error=DataError, minimum=1)
+    kind = _kind(strategy)
+    parameter_server = kind == "parameter_server"
+    if parameter_server != (coordinator is not None):
+        raise DataError(
+            f"a ClusterCoordinator goes with parameter_server and only with it; received coordinator={coordinator!r} "
+            f"under {type(strategy).__name__}. Fix: pass the coordinator that schedules this strategy's steps, or none."
+        )
+    if parameter_server and validation_data is not None and validation_steps is None:
+        raise DataError(
+            "validation under parameter_server reads a per-worker dataset that never ends; received validation_steps=None. "
+            "Fix: pass validation_steps (batches per validation)."
+        )
+    check_model(model)
+    hooks = hooks if hooks is not None else Hooks()
+    total_steps = steps_per_epoch * epochs
+
+    if grad_accum_steps > 1:
+        check_accumulation(model, strategy, grad_accum_steps)
+        step_fn = accumulating_train_step(model, grad_accum_steps, unrolled=kind == "central_storage")
+    else:
+        step_fn = model.train_step
+    with strategy.scope():
+        metric_names = frozenset(model.get_metrics_result())  # read once, in the same place on every worker
+    functions = _Functions(model, strategy, step_fn, metric_names, parameter_server=parameter_server)
+    if validation_data is not None and not parameter_server and isinstance(validation_data, tf.data.Dataset):
+        validation_data = strategy.experimental_distribute_dataset(validation_data)
+
+    callback_list = keras.callbacks.CallbackList(
+        list(callbacks), add_history=True, add_progbar=verbose != 0, model=model,
+        verbose=verbose, epochs=epochs, steps=steps_per_epoch,
+    )
+    model.stop_training = False
+    iterator = iter(train_data)
+    step = start_step
+    epoch_logs: dict = {}
+    hooks.on_train_begin()
+    callback_list.on_train_begin()
+    for epoch in range(start_step // steps_per_epoch, epochs):
+        if step >= total_steps:
+            break
+        model.reset_metrics()
+        hooks.on_epoch_begin(epoch)
+        callback_list.on_epoch_begin(epoch)
+        logs: dict = {}
+        epoch_end = (epoch + 1) * steps_per_epoch
+        while step < epoch_end:
+            begin = step % steps_per_epoch
+            n = min(steps_per_execution - begin % steps_per_execution, steps_per_epoch - begin)
+            callback_list.on_train_batch_begin(begin)
+            if parameter_server:
+                coordinator.schedule(functions.train(n), args=(iterator,))
+            else:
+                logs = functions.train(n)(iterator)
+            step += n
+            callback_list.on_train_batch_end(begin + n - 1, logs)
+            hooks.on_step_end(step)
+            if model.stop_training:
+                break
+        if parameter_server:
+            coordinator.join()
+            with strategy.scope():
+                logs = model.get_metrics_result()
+        epoch_logs = _floats(logs)
+        if validation_data is not None:
+            epoch_logs.update(
+                {f"val_{k}": v for k, v in _validate(model, strategy, functions, callback_list, validation_data,
+                                                     validation_steps, coordinator).items()}
+            )
+        callback_list.on_epoch_end(epoch, epoch_logs)
+        history = model.history
+        if history.epoch and history.epoch[-1] == epoch:  # what History recorded, with keys callbacks added
+            epoch_logs = {key: values[-1] for key, values in history.history.items()}
+        hooks.on_epoch_end(epoch, dict(epoch_logs))
+        if model.stop_training:
+            break
+    # As fit: an optimizer with use_ema=True writes its averages into the weights (else nothing).
+    model.optimizer.finalize_variable_values(model.trainable_weights)
+    callback_list.on_train_end(logs=epoch_logs)
+    hooks.on_train_end()
+    return model.history
+
+
+def _validate(model, strategy, functions: _Functions, callback_list, data, steps: int | None, coordinator) -> dict:
+    """One pass over the validation data with the model's test_step, as ``fit`` runs ``evaluate``."""
+    model.reset_metrics()
+    model.stop_evaluating = False
+    callback_list.on_test_begin()
+    logs: dict = {}
+    if coordinator is not None:
+        iterator = iter(data)
+        for i in range(steps):
+            callback_list.on_test_batch_begin(i)
+            coordinator.schedule(functions.test_scheduled, args=(iterator,))
+            callback_list.on_test_batch_end(i, {})
+        coordinator.join()
+        with strategy.scope():
+            logs = model.get_metrics_result()
+    else:
+        for i, batch in enumerate(data):
+            if steps is not None and i >= steps:
+                break
+            callback_list.on_test_batch_begin(i)
+            logs = functions.test(batch)
+            callback_list.on_test_batch_end(i, logs)
+            if model.stop_evaluating:
+                break
+    logs = _floats(logs)
+    callback_list.on_test_end(logs)
+    return logs

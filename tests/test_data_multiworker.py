@@ -24,7 +24,7 @@ def _launch(procs, out_dir, digits, fault=None):
 @pytest.mark.timeout(900)
 def test_two_workers_read_their_own_streams_resume_bit_identically_and_validate_the_whole_set(procs, tmp_path):
     from tfdist import data, models
-    from tfdist.checkpoint import latest_metadata
+    from tfdist.checkpoint.layout import latest_metadata
     from tfdist.evaluator import run_sidecar
 
     digits = write_digits(tmp_path / "digits")

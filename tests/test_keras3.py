@@ -393,7 +393,7 @@ def program_parameter_server():
     import tensorflow as tf
 
     import tfdist
-    from tfdist import keras3_loop, strategy as strategy_mod
+    from tfdist import strategy as strategy_mod
     from tfdist.cluster import detect
 
     cluster = detect()
@@ -538,7 +538,7 @@ def test_refusals_name_the_input_and_the_fix():
     import tensorflow as tf
     import tf_keras
 
-    from tfdist import ModelError, keras3_loop
+    from tfdist import ModelError
     from tfdist.errors import DataError
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")

@@ -49,9 +49,9 @@ def _history(out_dir):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("strategy", sorted(STRATEGY_ARGS))
-def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, tmp_path, strategy):
-    args = STRATEGY_ARGS[strategy]
+@pytest.mark.parametrize("strategy,keras", [(s, "3") for s in sorted(STRATEGY_ARGS)] + [("mirrored", "2")])
+def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, tmp_path, strategy, keras):
+    args = [*STRATEGY_ARGS[strategy], "--keras", keras]
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     code, out = _train(procs, reference, args)
     assert code == 0, out[-3000:]

@@ -25,7 +25,7 @@ def _launch(procs, out_dir, digits, fault=None):
 def test_two_workers_read_their_own_streams_resume_bit_identically_and_validate_the_whole_set(procs, tmp_path):
     from tfdist import data, models
     from tfdist.checkpoint.layout import latest_metadata
-    from tfdist.evaluator import run_sidecar
+    from tfdist.training.evaluator import run_sidecar
 
     digits = write_digits(tmp_path / "digits")
     reference, killed = tmp_path / "reference", tmp_path / "killed"
@@ -39,8 +39,8 @@ def test_two_workers_read_their_own_streams_resume_bit_identically_and_validate_
     assert code == 0, out[-4000:]
     assert "kill_at_step at step 11" in out and "(restart 1)" in out
     assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")), checkpoint_tensors(str(killed / "checkpoints")))
-    history = latest_metadata(str(reference / "checkpoints"))["history"]
-    assert latest_metadata(str(killed / "checkpoints"))["history"] == history
+    history = latest_metadata(str(reference / "checkpoints")).history
+    assert latest_metadata(str(killed / "checkpoints")).history == history
 
     # The workers each evaluated half of the validation files; one process evaluating all of it
     # with the final weights finds the same loss and accuracy.

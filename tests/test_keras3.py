@@ -393,12 +393,12 @@ def program_parameter_server():
     import tensorflow as tf
 
     import tfdist
-    from tfdist import strategy as strategy_mod
+    from tfdist import startup
     from tfdist.cluster import detect
 
     cluster = detect()
     if cluster.task_type != "chief":
-        strategy_mod.serve(cluster)
+        startup.serve(cluster)
         return None
     strategy = tfdist.make_strategy("parameter_server")
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)

@@ -11,11 +11,12 @@ TRAIN = ["train", "--model", "cnn", "--epochs", "2", "--steps-per-epoch", "10", 
 
 
 @pytest.mark.timeout(600)
-def test_chief_two_workers_one_ps_train_and_resume_after_preemption(procs, tmp_path):
+@pytest.mark.parametrize("keras", ["3", "2"])
+def test_chief_two_workers_one_ps_train_and_resume_after_preemption(procs, tmp_path, keras):
     def launch(out_dir, fault=None):
         return procs.tfdist(
             "launch", "--workers", "2", "--ps", "1", "--chief", "--max-restarts", "2", "--grace", "10", "--",
-            sys.executable, "-m", "tfdist", *TRAIN, "--output-dir", str(out_dir),
+            sys.executable, "-m", "tfdist", *TRAIN, "--keras", keras, "--output-dir", str(out_dir),
             "--summary-json", str(out_dir / "summary.json"),
             timeout=400, env=base_env(**({"TFDIST_FAULT": fault} if fault else {})),
         )

@@ -73,9 +73,12 @@ def fit(
     parameter-server cluster it serves until stopped (and returns None); everywhere else it trains.
 
     Args:
-      model: a function that builds and compiles a tf_keras model (called inside the
-        strategy's scope), or a compiled tf_keras Sequential or functional model.
-      data: ``(x, y)`` NumPy arrays, an unbatched ``tf.data.Dataset`` of ``(x, y)``, or a
+      model: a function that builds and compiles a Keras 3 (``import keras``) or tf_keras
+        model (called inside the strategy's scope), or a compiled Sequential, functional or
+        subclassed model of either. Keras 3 models train in tfdist's own loop around their
+        ``train_step``; tf_keras models in tf_keras' ``fit``.
+      data: ``(x, y)`` NumPy arrays, a ``tfdist.TFRecordSource`` (TFRecord files, each
+        replica reading its own stream), an unbatched ``tf.data.Dataset`` of ``(x, y)``, or a
         name: ``"digits"``, ``"tfds:NAME"``, or a path to an ``.npz`` with ``x`` and ``y``.
       batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
         batch. Give one; global = grad_accum_steps x replicas x micro batch.

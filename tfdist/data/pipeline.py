@@ -149,6 +149,20 @@ def _finish(ds: "tf.data.Dataset") -> "tf.data.Dataset":
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
+def _input_part(sizes, input_context, parameter_server: bool) -> tuple[int, int, int, int, int]:
+    """(offset, length, local replicas) of the global batch this pipeline makes, and its (stride, offset) in steps.
+
+    Under parameter servers every worker's pipeline makes whole global batches of every
+    ``num_input_pipelines``-th step; elsewhere each pipeline makes its replicas' slice of every step.
+    """
+    if parameter_server:
+        stride = input_context.num_input_pipelines if input_context else 1
+        step_offset = input_context.input_pipeline_id if input_context else 0
+        return 0, sizes.global_batch_size, sizes.num_replicas, stride, step_offset
+    part = order_mod.pipeline_slice(sizes, input_context)
+    return part.offset, part.length, part.local_replicas, 1, 0
+
+
 def _array_dataset_fn(source: ArraySource | IndexedSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
     import tensorflow as tf
 
@@ -157,14 +171,8 @@ def _array_dataset_fn(source: ArraySource | IndexedSource, plan: DataPlan, *, st
     last_epoch = (stop - 1) // spe if stop is not None else None
 
     def make(input_context=None):
-        if parameter_server:
-            offset, length, local_replicas = 0, sizes.global_batch_size, sizes.num_replicas
-            stride = input_context.num_input_pipelines if input_context else 1
-            first_step = start_step + (input_context.input_pipeline_id if input_context else 0)
-        else:
-            part = order_mod.pipeline_slice(sizes, input_context)
-            offset, length, local_replicas = part.offset, part.length, part.local_replicas
-            stride, first_step = 1, start_step
+        offset, length, local_replicas, stride, step_offset = _input_part(sizes, input_context, parameter_server)
+        first_step = start_step + step_offset
         per_replica = sizes.per_replica_batch_size
         gather = source.gather_fn(embed=parameter_server)
         epochs = tf.data.Dataset.range(first_step // spe, last_epoch + 1 if last_epoch is not None else 2**62)
@@ -193,14 +201,7 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
     last_epoch = (stop - 1) // spe if stop is not None else None
 
     def make(input_context=None):
-        if parameter_server:
-            offset, length, local_replicas = 0, sizes.global_batch_size, sizes.num_replicas
-            step_stride = input_context.num_input_pipelines if input_context else 1
-            step_offset = input_context.input_pipeline_id if input_context else 0
-        else:
-            part = order_mod.pipeline_slice(sizes, input_context)
-            offset, length, local_replicas = part.offset, part.length, part.local_replicas
-            step_stride, step_offset = 1, 0
+        offset, length, local_replicas, step_stride, step_offset = _input_part(sizes, input_context, parameter_server)
         per_replica = sizes.per_replica_batch_size
         first_step = start_step + step_offset
         first_epoch = first_step // spe

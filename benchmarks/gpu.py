@@ -44,8 +44,8 @@ duration over epochs 2..E / steps per epoch (the first epoch traces the step; it
     share of time a kernel ran) during the timed epochs is shown when nvidia-smi exists. The
     same from a TFRecord file through ``tfdist.TFRecordSource`` runs only when this tfdist has
     it (``hasattr(tfdist, "TFRecordSource")``: it is being built on another branch).
-(e) ``tfdist plan --measure`` of the built-in cnn on 32x32x3 inputs (run as a user runs it,
-    with ``benchmarks/plan_accuracy.py``'s ``run_plan``): predicted vs measured steady-state
+(e) ``tfdist plan --measure`` of the built-in Keras 3 cnn on 32x32x3 inputs (run as a user runs
+    it, with ``benchmarks/plan_accuracy.py``'s ``run_plan``): predicted vs measured steady-state
     epoch time of ``tfdist.fit`` on the GPU, with and without gradient accumulation
     (target +-15 %).
 
@@ -312,7 +312,6 @@ def plan_fit_child(spec: dict) -> dict:
     """(e): tfdist.fit of the built-in model on generated images; the epoch times."""
     _common.quiet_tensorflow()
     import numpy as np
-    import tf_keras
 
     import tfdist
     from tfdist import models
@@ -320,7 +319,7 @@ def plan_fit_child(spec: dict) -> dict:
     x, y = _images(spec["samples"], spec["image"], 10, seed=spec["seed"])
     begins, ends = [], []
 
-    class Timer(tf_keras.callbacks.Callback):
+    class Timer(models.keras_module(spec["keras"]).callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             begins.append(time.perf_counter())
 
@@ -328,7 +327,7 @@ def plan_fit_child(spec: dict) -> dict:
             ends.append(time.perf_counter())
 
     builder = models.builder(spec["model"], input_shape=(spec["image"], spec["image"], 3), num_classes=10,
-                             keras=spec.get("keras", "2"))
+                             keras=spec["keras"])
     history = tfdist.fit(builder, (x, y), epochs=spec["epochs"], batch_size=spec["micro"] * spec["accum"],
                          grad_accum_steps=spec["accum"], strategy="one_device", seed=spec["seed"], verbose=0,
                          callbacks=[Timer()])
@@ -606,7 +605,8 @@ def part_e(run: Run, script: str) -> None:
     steps = run.workload.steps
     for config in configs:
         model, micro, accum, epochs = config.split(":")
-        spec = dict(model=model, micro=int(micro), accum=int(accum), epochs=int(epochs))
+        # Keras 3, the default Keras of tfdist train and plan: planned and trained alike.
+        spec = dict(model=model, micro=int(micro), accum=int(accum), epochs=int(epochs), keras="3")
         samples = spec["micro"] * spec["accum"] * steps
         extra = ("--input-shape", f"{image},{image},3", "--num-classes", "10")
         runs = {"plan": [], "fit": []}
@@ -628,8 +628,8 @@ def part_e(run: Run, script: str) -> None:
             f"{_common.fmt(_stats(runs['plan'], 'epoch_seconds'), 1e3, ' ms')}, measured (epochs 2–{epochs}) "
             f"{_common.fmt(_stats(runs['fit'], 'epoch_seconds'), 1e3, ' ms')}",
             f"±{TARGET_PLAN:.0%}", run.verdict(abs(ratio["median"] - 1), TARGET_PLAN)))
-    run.notes.append("(e): plan = `tfdist plan --model cnn --input-shape ... --measure --strategy one_device --json` "
-                     "in a fresh process, fit = `tfdist.fit` in another, alternated.")
+    run.notes.append("(e): plan = `tfdist plan --model cnn --keras 3 --input-shape ... --measure --strategy one_device "
+                     "--json` in a fresh process, fit = `tfdist.fit` of the Keras 3 model in another, alternated.")
 
 
 # --- the machine and the entry point -------------------------------------------------------------

@@ -1,14 +1,18 @@
 """Accuracy of ``tfdist plan --measure``: predicted vs measured epoch time (target: within +-15%).
 
 For each configuration (built-in model, micro batch, gradient accumulation steps) on the
-digits training split (1,438 examples), alternated, each in a fresh process:
+digits training split (1,438 examples), alternated, each in a fresh process, both with the
+Keras ``--keras`` names (3: Keras 3, the default, trained by tfdist's own loop; 2: tf_keras,
+trained by its ``model.fit``):
 
-* plan: ``python -m tfdist plan --model M --samples 1438 --micro-batch B --grad-accum-steps K
-  --epochs E --measure --strategy one_device --json`` (the CLI as a user runs it); predicted
-  epoch time = ``train_seconds / epochs`` = steps per epoch x (measured step time x K);
-* fit: ``tfdist.fit(builder, digits, epochs=E, batch_size=B x K, grad_accum_steps=K,
-  strategy="one_device")``; a callback times each epoch. Measured steady-state epoch time
-  = median of epochs 2..E (the first epoch, which traces the step, is reported apart).
+* plan: ``python -m tfdist plan --model M --keras V --samples 1438 --micro-batch B
+  --grad-accum-steps K --epochs E --measure --strategy one_device --json`` (the CLI as a user
+  runs it); predicted epoch time = ``train_seconds / epochs`` = steps per epoch x (measured
+  step time x K);
+* fit: ``tfdist.fit(models.builder(M, keras=V), digits, epochs=E, batch_size=B x K,
+  grad_accum_steps=K, strategy="one_device")``; a callback times each epoch. Measured
+  steady-state epoch time = median of epochs 2..E (the first epoch, which traces the step, is
+  reported apart).
 
 Ratio = predicted / measured steady-state epoch time, paired by repetition. With K > 1 a
 diagnostic plan of the same global batch as one micro batch (K = 1) is run alongside. The
@@ -20,7 +24,7 @@ measured peak and the fit's increase of the process's maximum resident set -- on
 both measured figures include TensorFlow's own allocations, so they bound rather than
 check the estimate.
 
-    python benchmarks/plan_accuracy.py [--quick] [--json PATH] [--markdown PATH]
+    python benchmarks/plan_accuracy.py [--keras {3,2}] [--quick] [--json PATH] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ DEFAULT_CONFIGS = ("cnn:32:1:6", "cnn:64:1:6", "mlp:128:1:20", "cnn:32:2:6", "cn
 def fit_child(spec: dict) -> None:
     _common.quiet_tensorflow()
     import numpy as np
-    import tf_keras
 
     import tfdist
     from tfdist import data as data_mod
@@ -54,10 +57,17 @@ def fit_child(spec: dict) -> None:
     assert train.num_examples == SAMPLES, train.num_examples
     begins, ends, batch_ends = [], [], []
 
-    class Timer(tf_keras.callbacks.Callback):
+    class Timer(models.keras_module(spec["keras"]).callbacks.Callback):
+        # tf_keras: logs stay tensors (tfdist's own callback already has batch hooks: this adds no
+        # sync). Keras 3: without async_safe, a callback with batch hooks makes Keras convert every
+        # step's logs to floats in the loop's thread, waiting for each step; with it, that happens
+        # on Keras' callback threads (as when no callback has batch hooks), and this callback is
+        # called there once the step's logs are ready.
+        async_safe = True
+
         def __init__(self):
             super().__init__()
-            self._supports_tf_logs = True  # tfdist's own callback already has batch hooks: this adds no sync
+            self._supports_tf_logs = True
 
         def on_epoch_begin(self, epoch, logs=None):
             begins.append(time.perf_counter())
@@ -69,7 +79,7 @@ def fit_child(spec: dict) -> None:
         def on_epoch_end(self, epoch, logs=None):
             ends.append(time.perf_counter())
 
-    builder = models.builder(spec["model"], input_shape=train.example_shape, num_classes=10, keras=spec.get("keras", "2"))
+    builder = models.builder(spec["model"], input_shape=train.example_shape, num_classes=10, keras=spec["keras"])
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
     history = tfdist.fit(builder, train, epochs=spec["epochs"], batch_size=spec["micro"] * spec["accum"],
@@ -79,7 +89,8 @@ def fit_child(spec: dict) -> None:
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     durations = [e - b for b, e in zip(begins, ends)]
     # Diagnostic: the step time inside an epoch (batch 2 to the last) and what an epoch costs beyond its steps.
-    inner = [(t[-1] - t[0]) / (len(t) - 1) for t in batch_ends[1:] if len(t) > 1]
+    # (max - min: under Keras 3 the batch ends are recorded by a pool of threads, not necessarily in order.)
+    inner = [(max(t) - min(t)) / (len(t) - 1) for t in batch_ends[1:] if len(t) > 1]
     step = float(np.median(inner)) if inner else float("nan")
     _common.emit({
         "in_epoch_step_seconds": step,
@@ -95,7 +106,8 @@ def fit_child(spec: dict) -> None:
 
 def run_plan(spec: dict, *, samples: int = SAMPLES, extra: tuple[str, ...] = ()) -> dict:
     """``tfdist plan --measure --json`` of ``spec`` as a user runs it; ``extra``: more flags."""
-    cmd = [sys.executable, "-m", "tfdist", "plan", "--model", spec["model"], "--samples", str(samples),
+    cmd = [sys.executable, "-m", "tfdist", "plan", "--model", spec["model"], "--keras", spec["keras"],
+           "--samples", str(samples),
            "--micro-batch", str(spec["micro"]), "--grad-accum-steps", str(spec["accum"]),
            "--epochs", str(spec["epochs"]), "--measure", "--strategy", "one_device", "--json", *extra]
     start = time.perf_counter()
@@ -122,6 +134,8 @@ def main() -> None:
     p.add_argument("--configs", nargs="+", default=None,
                    help=f"MODEL:MICRO_BATCH:ACCUM:EPOCHS (default {' '.join(DEFAULT_CONFIGS)})")
     p.add_argument("--reps", type=int, default=None, help="repetitions per variant (default 3; --quick 1)")
+    p.add_argument("--keras", choices=("3", "2"), default="3",
+                   help="the Keras that plans and trains: 3 (Keras 3, tfdist's own loop; default) or 2 (tf_keras)")
     args = p.parse_args()
     if args.child:
         fit_child(json.loads(args.child))
@@ -134,7 +148,7 @@ def main() -> None:
     results, rows = {}, []
     for config in configs:
         model, micro, accum, epochs = config.split(":")
-        spec = dict(model=model, micro=int(micro), accum=int(accum), epochs=int(epochs))
+        spec = dict(model=model, micro=int(micro), accum=int(accum), epochs=int(epochs), keras=args.keras)
         # With accumulation, also plan the same global batch as ONE micro batch (K = 1): the
         # diagnostic that tells whether a step's cost scales with K or with the examples.
         variants = ("plan", "fit", "plan K=1") if spec["accum"] > 1 else ("plan", "fit")
@@ -190,13 +204,14 @@ def main() -> None:
             ))
         print(f"{config}: predicted {_common.fmt(predicted, 1e3, ' ms')}, measured {_common.fmt(measured, 1e3, ' ms')}, "
               f"ratio {_common.fmt_ratio(ratio)}", flush=True)
-    flags = ["--quick"] if args.quick else []
+    flags = [f"--keras {args.keras}"] + (["--quick"] if args.quick else [])
     if args.configs:
         flags.append("--configs " + " ".join(args.configs))
     if args.reps:
         flags.append(f"--reps {args.reps}")
     _common.finish(
-        title="plan accuracy: `tfdist plan --measure` predicted vs measured epoch time (one_device, CPU, digits)",
+        title="plan accuracy: `tfdist plan --measure` predicted vs measured epoch time "
+              f"({'Keras 3' if args.keras == '3' else 'tf_keras'}, one_device, CPU, digits)",
         info=info,
         command=" ".join(["python benchmarks/plan_accuracy.py", *flags]),
         results=results,

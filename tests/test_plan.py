@@ -101,6 +101,8 @@ def test_solving_is_impossible_when_replicas_do_not_divide():
         (dict(samples=100, micro_batch_size=1, write_bandwidth=0), "write_bandwidth"),
         (dict(samples=100, micro_batch_size=1, link_bandwidth="fast"), "link_bandwidth"),
         (dict(samples=100, micro_batch_size=1, activation_bytes=-1), "activation_bytes"),
+        (dict(samples=100, micro_batch_size=1, keras="4"), "keras"),
+        (dict(samples=100, micro_batch_size=1, keras=3), "keras"),  # a string, as tfdist.models takes it
     ],
 )
 def test_invalid_inputs_name_the_argument(kwargs, name):
@@ -114,6 +116,26 @@ def test_invalid_inputs_name_the_argument(kwargs, name):
 def test_plan_validates_itself_when_built_directly():
     with pytest.raises(PlanError, match=r"Invalid `grad_accum_steps`; received grad_accum_steps=0\. Fix"):
         Plan(samples=10, micro_batch_size=1, grad_accum_steps=0)
+
+
+def test_bad_keras_is_one_line_naming_the_value_and_the_fix():
+    from tfdist.planning.measure import builtin_params, measure_step_time
+
+    for call in (
+        lambda: plan(samples=100, micro_batch_size=1, model="linear", keras="keras3"),
+        lambda: measure_step_time(model="linear", micro_batch_size=4, keras="keras3"),
+        lambda: builtin_params("linear", keras="keras3"),
+    ):
+        with pytest.raises(PlanError) as info:
+            call()  # refused before TensorFlow is asked anything
+        message = str(info.value)
+        assert "\n" not in message and "keras='keras3'" in message and 'Fix: use "3"' in message and '"2"' in message
+
+
+def test_cli_refuses_an_unknown_keras(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--samples", "100", "--micro-batch", "4", "--keras", "4"])
+    assert info.value.code == 2 and "--keras: invalid choice: '4'" in capsys.readouterr().err
 
 
 def test_unknown_model_name_is_a_plan_error():
@@ -327,16 +349,31 @@ def test_cli_bad_value_in_a_subprocess():
 
 # --- TensorFlow paths (one test each, small) -----------------------------------------------
 @pytest.mark.timeout(120)
-def test_saved_model_params_and_measured_step_time(tmp_path):
-    tf_keras = pytest.importorskip("tf_keras")
-    model = tf_keras.Sequential([tf_keras.layers.Input((8,)), tf_keras.layers.Dense(16), tf_keras.layers.Dense(3)])
+@pytest.mark.parametrize("keras_version", ["3", "2"])
+def test_saved_model_params_and_measured_step_time(tmp_path, keras_version):
+    from tfdist import models
+
+    k = models.keras_module(keras_version)  # saved and loaded with the same Keras
+    model = k.Sequential([k.layers.Input((8,)), k.layers.Dense(16), k.layers.Dense(3)])
     path = str(tmp_path / "tiny.keras")
     model.save(path)
-    p = plan(samples=100, micro_batch_size=4, model=path, measure=True, measure_steps=3, measure_warmup=1)
-    assert p.params == 8 * 16 + 16 + 16 * 3 + 3
+    p = plan(samples=100, micro_batch_size=4, model=path, measure=True, measure_steps=3, measure_warmup=1,
+             keras=keras_version)
+    assert p.params == 8 * 16 + 16 + 16 * 3 + 3 and p.keras == keras_version
     assert p.step_time_source == "measured" and 0 < p.step_time < 5
     assert p.measured_peak_source is not None
-    assert plan(samples=100, micro_batch_size=4, model=path).params == p.params
+    assert plan(samples=100, micro_batch_size=4, model=path, keras=keras_version).params == p.params
+
+
+@pytest.mark.timeout(120)
+def test_a_file_keras_cannot_load_names_the_keras_and_the_other_choice(tmp_path):
+    pytest.importorskip("keras")
+    path = tmp_path / "broken.keras"
+    path.write_text("not a model")
+    with pytest.raises(PlanError) as info:
+        plan(samples=100, micro_batch_size=4, model=str(path))
+    message = str(info.value)
+    assert "\n" not in message and "which Keras 3 cannot load" in message and "--keras 2" in message
 
 
 @pytest.mark.timeout(120)
@@ -374,3 +411,65 @@ def test_measured_step_with_accumulation_is_one_accumulated_step():
     steps = int(model.optimizer.iterations)
     assert m.warmup == 2 and steps == m.warmup + m.steps  # one optimizer update per accumulated step
     assert int(counter.calls) == 2 * steps and int(counter.rows) == 8 * steps  # two micro batches of 4 per step
+
+
+@pytest.mark.timeout(120)
+def test_measure_times_a_keras3_builtin_model_in_tfdists_loop(monkeypatch):
+    keras = pytest.importorskip("keras")
+    from tfdist.planning.measure import measure_step_time
+    from tfdist.training import keras3, loop
+
+    ran = []
+    real_run_loop = loop.run_loop
+
+    def spy(model, **kwargs):  # the loop tfdist.fit trains Keras 3 models with
+        ran.append(model)
+        return real_run_loop(model, **kwargs)
+
+    monkeypatch.setattr(loop, "run_loop", spy)
+    m = measure_step_time(model="mlp", micro_batch_size=4, steps=3, warmup=1, precision="mixed_bfloat16")
+    assert m.keras == "3" and m.step_seconds > 0 and m.strategy == "one_device"
+    [net] = ran
+    assert keras3.is_keras3(net) and isinstance(net, keras.Model)
+    assert net.dtype_policy.name == "mixed_bfloat16"  # built under the policy asked for ...
+    assert keras.mixed_precision.global_policy().name == "float32"  # ... which is restored afterwards
+    assert m.params == net.count_params() == (8 * 8 * 128 + 128) + (128 * 10 + 10)
+    assert int(net.optimizer.iterations) == m.warmup + m.steps  # one run, stopped after the last timed block
+
+
+@pytest.mark.timeout(120)
+def test_measured_keras3_model_object_is_one_accumulated_step_whatever_keras_says():
+    tf = pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    from tfdist.planning.measure import measure_step_time
+
+    class CountCalls(keras.layers.Layer):  # counts forward passes, i.e. micro batches
+        def build(self, shape):
+            self.calls = self.add_weight(name="calls", shape=(), dtype="int64", initializer="zeros", trainable=False)
+            self.rows = self.add_weight(name="rows", shape=(), dtype="int64", initializer="zeros", trainable=False)
+
+        def call(self, x):
+            self.calls.assign_add(1)
+            self.rows.assign_add(tf.cast(tf.shape(x)[0], "int64"))
+            return x
+
+    counter = CountCalls()
+    model = keras.Sequential([keras.Input((8,)), counter, keras.layers.Dense(3)])
+    # keras="2" is ignored for a model object: its own Keras (3) is measured.
+    m = measure_step_time(model=model, micro_batch_size=4, steps=3, warmup=1, grad_accum_steps=2, keras="2")
+    assert m.keras == "3" and m.grad_accum_steps == 2 and m.step_seconds > 0 and m.strategy == "none"
+    steps = int(model.optimizer.iterations)
+    assert m.warmup == 2 and m.steps > 3 and steps == m.warmup + m.steps  # one optimizer update per step
+    # Two micro batches of 4 per step, and two passes over one micro batch before the first step
+    # (keras3.prepare builds the model with one call and creates the metrics with one test step).
+    assert int(counter.calls) == 2 * steps + 2 and int(counter.rows) == 8 * steps + 8
+
+
+@pytest.mark.timeout(120)
+def test_cli_measures_with_tf_keras_when_asked(capsys):
+    argv = ["plan", "--samples", "100", "--micro-batch", "4", "--model", "linear", "--keras", "2", "--measure",
+            "--measure-steps", "3", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["keras"] == "2" and out["step_time_source"] == "measured" and out["step_time"] > 0
+    assert out["params"] == 8 * 8 * 10 + 10

@@ -12,6 +12,7 @@ import math
 
 from tfdist.cli import _quiet
 from tfdist.errors import PlanError
+from tfdist.models import DEFAULT_KERAS, KERAS_VERSIONS
 from tfdist.planning.planner import DEFAULT_MAX_GPUS, Plan, plan
 from tfdist.planning.units import format_bytes, format_seconds, parse_count
 
@@ -20,6 +21,7 @@ _TIME_HINT = (
     "or --measure with --model NAME|PATH"
 )
 _MODEL_HINT = "unknown: pass --params N or --model NAME|PATH"
+_KERAS_NAMES = {"3": "Keras 3", "2": "tf_keras"}
 
 
 def register(subparsers) -> None:
@@ -44,7 +46,13 @@ def register(subparsers) -> None:
     )
     model = parser.add_argument_group("model and memory")
     model.add_argument("--params", metavar="P", help="parameter count, e.g. 125M")
-    model.add_argument("--model", metavar="NAME|PATH", help="a built-in model name or a saved tf_keras model")
+    model.add_argument("--model", metavar="NAME|PATH", help="a built-in model name or a saved model (see --keras)")
+    model.add_argument(
+        "--keras", default=DEFAULT_KERAS, choices=KERAS_VERSIONS,
+        help="the Keras that builds, loads and measures --model: 3 (Keras 3, TensorFlow's default Keras, "
+        "`import keras`; timed in tfdist's own loop) or 2 (tf_keras; timed with its model.fit); "
+        f"the one you train with (default {DEFAULT_KERAS})",
+    )
     model.add_argument("--input-shape", metavar="D,D,...", help="input shape of a built-in model, e.g. 28,28,1")
     model.add_argument("--num-classes", metavar="C", help="classes of a built-in model")
     model.add_argument(
@@ -106,6 +114,7 @@ def _make_plan(args: argparse.Namespace) -> Plan:
         measure=args.measure,
         measure_steps=_count(args, "measure_steps"),
         strategy=args.strategy,
+        keras=args.keras,
         optimizer_slots=parse_count(args.optimizer_slots, name="--optimizer-slots"),
         precision=args.precision,
         activation_bytes=args.activation_bytes,
@@ -171,7 +180,8 @@ def _rows(p: Plan) -> list[tuple[str, str, str]]:
         rows.append(("", f"step time {fs(p.step_time)}; the all-reduce is {_MODEL_HINT}", ""))
     else:
         rows += [
-            ("step time (1 micro batch)", fs(p.step_time), p.step_time_source or ""),
+            ("step time (1 micro batch)", fs(p.step_time),
+             f"measured with {_KERAS_NAMES[p.keras]}" if p.step_time_source == "measured" else p.step_time_source or ""),
             ("compute per step", fs(p.compute_seconds_per_step), f"x {p.grad_accum_steps} accumulation"),
             ("all-reduce per step", fs(p.allreduce_seconds),
              "one replica" if p.replicas == 1

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from tfdist import _checks
 from tfdist.data.batching import resolve_micro_and_accum
 from tfdist.errors import PlanError
+from tfdist.planning.measure import check_keras
 from tfdist.planning.units import format_bytes, format_seconds, parse_bytes, parse_duration
 
 PRECISIONS = _checks.PRECISIONS
@@ -124,6 +125,8 @@ class Plan:
         grad_accum_steps > 1 times the whole accumulated step and stores it divided by
         grad_accum_steps, so the step's fixed cost is spread over its micro batches.
       step_time_source: ``given`` or ``measured``.
+      keras: the Keras that counts and measures ``model``: ``"3"`` (Keras 3, ``import keras``,
+        the default) or ``"2"`` (tf_keras); choose the one the run will train with.
       measured_peak_bytes, measured_peak_source: peak memory of the measurement, if any.
       stall_window: seconds training may pause to write one checkpoint.
       mtbf: mean seconds between failures that stop the whole job (for N nodes with a
@@ -147,6 +150,7 @@ class Plan:
     activation_bytes: float | None = None
     step_time: float | None = None
     step_time_source: str | None = None
+    keras: str = "3"
     measured_peak_bytes: int | None = None
     measured_peak_source: str | None = None
     stall_window: float = DEFAULT_STALL_WINDOW
@@ -161,6 +165,7 @@ class Plan:
         if self.params is not None:
             check_int("params", self.params)
         check_int("optimizer_slots", self.optimizer_slots, minimum=0)
+        check_keras(self.keras)
         if self.precision not in PRECISIONS:
             raise PlanError(
                 f"Invalid `precision`; received precision={self.precision!r}. Fix: use one of {', '.join(PRECISIONS)}."
@@ -409,6 +414,7 @@ def plan(
     measure_steps: int = 20,
     measure_warmup: int = 3,
     strategy: str = "auto",
+    keras: str = "3",
     optimizer_slots: int = 2,
     precision: str = "float32",
     activation_bytes: float | str | None = None,
@@ -423,9 +429,12 @@ def plan(
     Give the batch as ``micro_batch_size`` (with ``grad_accum_steps``, default 1), or as a
     target ``global_batch_size`` -- with ``max_micro_batch_size`` the smallest number of
     accumulation steps that fits is solved for. Give the model as ``params`` or ``model``
-    (a built-in name or a saved tf_keras model path, whose parameters are counted with
-    TensorFlow). Give ``step_time`` (seconds of one replica's train step on one micro batch)
-    or ``measure=True`` for a short real run of ``model``. Durations and bandwidths also
+    (a built-in name or a saved-model path, whose parameters are counted with TensorFlow).
+    Give ``step_time`` (seconds of one replica's train step on one micro batch) or
+    ``measure=True`` for a short real run of ``model``. ``keras`` is the Keras that builds,
+    loads and measures ``model``: ``"3"`` (Keras 3, ``import keras``, the default: timed in
+    tfdist's own training loop, as ``tfdist.fit`` trains it) or ``"2"`` (tf_keras: timed with
+    tf_keras' ``model.fit``); pick the one the run will train with. Durations and bandwidths also
     accept text such as ``"30s"``, ``"24h"``, ``"10GB/s"``; ``activation_bytes`` such as ``"2MB"``.
     """
     for name, value in (("samples", samples), ("nodes", nodes), ("gpus_per_node", gpus_per_node)):
@@ -463,7 +472,7 @@ def plan(
     fields = dict(
         samples=samples, epochs=epochs, micro_batch_size=micro, grad_accum_steps=accum, nodes=nodes,
         gpus_per_node=gpus_per_node, params=params, model=model, optimizer_slots=optimizer_slots,
-        precision=precision,
+        precision=precision, keras=keras,
         activation_bytes=None if activation_bytes is None else parse_bytes(activation_bytes, name="activation_bytes"),
         step_time=None if step_time is None else parse_duration(step_time, name="step_time"),
         step_time_source=None if step_time is None else "given",
@@ -479,7 +488,8 @@ def plan(
     if measure:
         m = measure_step_time(
             model=model, micro_batch_size=micro, strategy=strategy, steps=measure_steps, warmup=measure_warmup,
-            grad_accum_steps=accum, precision=precision, optimizer_slots=optimizer_slots, input_shape=input_shape, num_classes=num_classes,
+            grad_accum_steps=accum, precision=precision, optimizer_slots=optimizer_slots, input_shape=input_shape,
+            num_classes=num_classes, keras=keras,
         )
         fields.update(
             params=m.params, step_time=m.step_seconds / accum, step_time_source="measured",
@@ -491,6 +501,6 @@ def plan(
         result = Plan(**fields)
     elif model is not None:
         result = dataclasses.replace(
-            result, params=builtin_params(model, input_shape=input_shape, num_classes=num_classes)
+            result, params=builtin_params(model, input_shape=input_shape, num_classes=num_classes, keras=keras)
         )
     return result

@@ -190,8 +190,8 @@ def child(spec: dict, conn) -> None:
         # Median gap between consecutive batch ends inside an epoch (epoch boundaries left out).
         step = float(np.median(np.concatenate([np.diff(ends) for ends in timer.batch_ends[1:]])))
     elif spec["keras"] == "3":
-        # First to last batch end: Keras 3's fit makes each epoch's iterator in its first batch
-        # and reads past its last batch to find the end of the data (see the docstring).
+        # First to last batch end: Keras 3's fit makes an iterator in each epoch's first batch
+        # and another after its last batch (see the docstring).
         step = float(np.median([(ends[-1] - ends[0]) / (len(ends) - 1) for ends in timer.batch_ends[1:]]))
     else:
         step = float(np.median(durations[1:])) / steps_per_epoch

@@ -53,7 +53,7 @@ def _filesystem(path: str) -> str:
 
 
 def machine(*, tensorflow: bool = True, paths: Sequence[str] = ()) -> dict[str, Any]:
-    """Cores, CPU, memory, load, Python/TensorFlow versions (TensorFlow imported if asked)."""
+    """Cores, CPU, memory, load, Python/TensorFlow/tf_keras/Keras 3 versions (TensorFlow imported if asked)."""
     info: dict[str, Any] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -70,11 +70,13 @@ def machine(*, tensorflow: bool = True, paths: Sequence[str] = ()) -> dict[str, 
     except OSError:
         pass
     if tensorflow:
+        import keras
         import tensorflow as tf
         import tf_keras
 
         info["tensorflow"] = tf.__version__
         info["tf_keras"] = tf_keras.__version__
+        info["keras"] = keras.__version__
         info["gpus"] = len(tf.config.list_physical_devices("GPU"))
     for path in paths:
         info.setdefault("filesystems", {})[path] = _filesystem(path)
@@ -85,7 +87,7 @@ def describe_machine(info: dict[str, Any]) -> str:
     parts = [
         f"{info['cores_usable']} usable cores ({info['cpu']})",
         f"{info.get('memory_gb', '?')} GB RAM",
-        f"TensorFlow {info.get('tensorflow', '?')}, tf_keras {info.get('tf_keras', '?')}",
+        f"TensorFlow {info.get('tensorflow', '?')}, tf_keras {info.get('tf_keras', '?')}, Keras {info.get('keras', '?')}",
         f"Python {info['python']}",
         f"load average at start {info['load_average_at_start']}",
     ]

@@ -127,6 +127,28 @@ def test_mixed_precision_builds_the_model_under_the_policy():
     assert model.layers[0].compute_dtype == "float16" and np.isfinite(history.history["loss"][0])
 
 
+def test_jit_compile_true_compiles_the_steps_with_xla_as_model_fit_does(caplog):
+    import keras
+
+    def build(jit_compile):
+        def make():
+            model = _model(dropout=False, schedule=False)
+            model.compile(model.optimizer, model.loss, metrics=["accuracy"], jit_compile=jit_compile)
+            return model
+        return make
+
+    caplog.set_level("INFO", logger="tfdist")
+    # Not deterministic=True: Keras turns jit_compile off under op determinism.
+    plain = _fit(model=build(False), epochs=1, validation_data=(X[:64], Y[:64]), deterministic=False)
+    assert "compiled with XLA" not in caplog.text
+    xla = _fit(model=build(True), epochs=1, validation_data=(X[:64], Y[:64]), deterministic=False)
+    assert xla.model.jit_compile is True and "compiled with XLA (jit_compile=True)" in caplog.text
+    # The same training, up to XLA's float reordering.
+    for key in ("loss", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(xla.history[key], plain.history[key], rtol=1e-4, err_msg=key)
+    assert isinstance(xla.model, keras.Model)
+
+
 def test_gradient_accumulation_equals_the_large_batch():
     import keras
 

@@ -79,7 +79,17 @@ class _Functions:
     def __init__(self, model, strategy, step_fn, metric_names: frozenset, *, parameter_server: bool):
         import tensorflow as tf
 
-        self._model, self._strategy, self._step = model, strategy, step_fn
+        test_step = model.test_step
+        # As Keras' fit does: a model compiled with jit_compile=True gets its replica steps compiled
+        # by XLA inside strategy.run ("auto" has already resolved to False on CPUs and in a scope).
+        self.xla = getattr(model, "jit_compile", False) is True and not parameter_server
+        if self.xla:
+            step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
+            test_step = tf.function(test_step, jit_compile=True, reduce_retracing=True)
+            log.info("tfdist: the model's train and test steps are compiled with XLA (jit_compile=True)")
+        elif getattr(model, "jit_compile", False) is True:
+            log.warning("tfdist: jit_compile=True is not applied under parameter_server; steps run without XLA")
+        self._model, self._strategy, self._step, self._test_step = model, strategy, step_fn, test_step
         self._reduce = _reducer(strategy, metric_names)
         self._ps = parameter_server
         self._train: dict[int, Any] = {}
@@ -109,10 +119,10 @@ class _Functions:
         return self._train[n]
 
     def _test_one(self, batch):
-        return self._logs(self._reduce(self._strategy.run(self._model.test_step, args=(batch,))))
+        return self._logs(self._reduce(self._strategy.run(self._test_step, args=(batch,))))
 
     def _test_next(self, iterator):
-        self._strategy.run(self._model.test_step, args=(next(iterator),))
+        self._strategy.run(self._test_step, args=(next(iterator),))
 
 
 # --- the loop --------------------------------------------------------------------------------

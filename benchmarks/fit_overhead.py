@@ -14,10 +14,9 @@ same global batch, number of steps, seed and strategy (``OneDeviceStrategy`` on 
 * plain+prefetch: plain with ``.prefetch(AUTOTUNE)`` added -- a stricter baseline, since
   tfdist's own pipeline prefetches (information; the target is against plain).
 
-Keras 3 specifics, checked in Keras 3.15's sources: (1) no variant XLA-compiles. tfdist's loop
-wraps the model's ``train_step`` in a ``tf.function`` of its own without ``jit_compile`` (it
-ignores ``model.jit_compile``); plain ``fit`` compiles its step with ``jit_compile=
-model.jit_compile``, and ``compile``'s default ``"auto"`` resolves to False on a CPU-only
+Keras 3 specifics, checked in Keras 3.15's sources: (1) no variant XLA-compiles. tfdist's loop,
+like plain ``fit``, compiles the model's ``train_step`` with XLA only when ``model.jit_compile``
+is True; plain ``fit`` compiles its step with ``jit_compile=model.jit_compile``, and ``compile``'s default ``"auto"`` resolves to False on a CPU-only
 machine and for a model built in a strategy's scope -- the benchmark sets
 ``model.jit_compile = False`` after compiling so that this holds anywhere, and checks it.
 (2) ``steps_per_execution`` is 1 in both (``compile``'s default; tfdist's loop reads the
@@ -131,7 +130,7 @@ def _compiled_as_measured(build, keras: str, settings: dict):
     def build_and_compile():
         model = build()
         if keras == "3":
-            model.jit_compile = False  # plain fit then compiles its step without XLA, as tfdist's loop always does
+            model.jit_compile = False  # neither plain fit nor tfdist's loop then compiles its step with XLA
         spe = model.steps_per_execution
         settings.update(jit_compile=bool(model.jit_compile),
                         steps_per_execution=int(spe.numpy() if hasattr(spe, "numpy") else spe))

@@ -127,28 +127,6 @@ def test_mixed_precision_builds_the_model_under_the_policy():
     assert model.layers[0].compute_dtype == "float16" and np.isfinite(history.history["loss"][0])
 
 
-def test_jit_compile_true_compiles_the_steps_with_xla_as_model_fit_does(caplog):
-    import keras
-
-    def build(jit_compile):
-        def make():
-            model = _model(dropout=False, schedule=False)
-            model.compile(model.optimizer, model.loss, metrics=["accuracy"], jit_compile=jit_compile)
-            return model
-        return make
-
-    caplog.set_level("INFO", logger="tfdist")
-    # Not deterministic=True: Keras turns jit_compile off under op determinism.
-    plain = _fit(model=build(False), epochs=1, validation_data=(X[:64], Y[:64]), deterministic=False)
-    assert "compiled with XLA" not in caplog.text
-    xla = _fit(model=build(True), epochs=1, validation_data=(X[:64], Y[:64]), deterministic=False)
-    assert xla.model.jit_compile is True and "compiled with XLA (jit_compile=True)" in caplog.text
-    # The same training, up to XLA's float reordering.
-    for key in ("loss", "val_loss", "val_accuracy"):
-        np.testing.assert_allclose(xla.history[key], plain.history[key], rtol=1e-4, err_msg=key)
-    assert isinstance(xla.model, keras.Model)
-
-
 def test_gradient_accumulation_equals_the_large_batch():
     import keras
 
@@ -211,6 +189,60 @@ _TWO_CPUS = textwrap.dedent(
     print("RESULT " + json.dumps(out))
     """
 )
+
+
+# In a fresh process (2 logical CPUs): Keras turns jit_compile off under op determinism, which deterministic=True
+# fits switch on process-wide (TensorFlow has no public way back).
+_XLA = textwrap.dedent(
+    """
+    import json, logging, sys
+    import tfdist
+    devices = tfdist.split_cpu(2)
+    from test_fit_keras3 import X, Y, _model
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("tfdist").addHandler(handler)
+    logging.getLogger("tfdist").setLevel(logging.INFO)
+
+    def build(jit_compile):
+        def make():
+            model = _model(dropout=False, schedule=False, synchronized=True)
+            model.compile(model.optimizer, model.loss, metrics=["accuracy"], jit_compile=jit_compile)
+            return model
+        return make
+
+    out = {}
+    for name in ("one_device", "mirrored"):
+        for jit in (False, True):
+            del records[:]
+            history = tfdist.fit(build(jit), (X, Y), epochs=1, batch_size=32, strategy=name, seed=1, verbose=0,
+                                 devices=None if name == "one_device" else devices, validation_data=(X[:64], Y[:64]))
+            out[f"{name} {jit}"] = {"history": history.history, "jit_compile": history.model.jit_compile,
+                                    "xla_logged": any("compiled with XLA" in m for m in records),
+                                    "not_applied": any("not applied to replicas on 2 CPU" in m for m in records)}
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_jit_compile_true_compiles_the_steps_with_xla_as_model_fit_does(procs):
+    import os
+
+    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.run([sys.executable, "-c", _XLA], timeout=280, env=environ)
+    assert code == 0, out[-3000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    # XLA on one device; 2 replicas on logical CPU devices cannot run XLA (it places the function on
+    # one CPU): tfdist says so and trains without it.
+    for name, applied in (("one_device", True), ("mirrored", False)):
+        plain, xla = result[f"{name} False"], result[f"{name} True"]
+        assert (plain["jit_compile"], plain["xla_logged"], plain["not_applied"]) == (False, False, False), name
+        assert (xla["jit_compile"], xla["xla_logged"], xla["not_applied"]) == (True, applied, not applied), name
+        for key in ("loss", "val_loss"):  # the same training, up to XLA's float reordering
+            np.testing.assert_allclose(xla["history"][key], plain["history"][key], rtol=1e-4, err_msg=f"{name} {key}")
 
 
 @pytest.mark.timeout(300)

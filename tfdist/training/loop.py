@@ -82,13 +82,18 @@ class _Functions:
         test_step = model.test_step
         # As Keras' fit does: a model compiled with jit_compile=True gets its replica steps compiled
         # by XLA inside strategy.run ("auto" has already resolved to False on CPUs and in a scope).
-        self.xla = getattr(model, "jit_compile", False) is True and not parameter_server
+        wanted = getattr(model, "jit_compile", False) is True
+        local = list(getattr(strategy.extended, "worker_devices", ()))
+        # XLA places a function on one CPU device: replicas on logical CPU devices cannot reach their variables.
+        cpu_replicas = len(local) > 1 and any("CPU" in d.upper() for d in local)
+        self.xla = wanted and not parameter_server and not cpu_replicas
         if self.xla:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
             test_step = tf.function(test_step, jit_compile=True, reduce_retracing=True)
             log.info("tfdist: the model's train and test steps are compiled with XLA (jit_compile=True)")
-        elif getattr(model, "jit_compile", False) is True:
-            log.warning("tfdist: jit_compile=True is not applied under parameter_server; steps run without XLA")
+        elif wanted:
+            where = "under parameter_server" if parameter_server else f"to replicas on {len(local)} CPU devices"
+            log.warning("tfdist: jit_compile=True is not applied %s; the steps run without XLA", where)
         self._model, self._strategy, self._step, self._test_step = model, strategy, step_fn, test_step
         self._reduce = _reducer(strategy, metric_names)
         self._ps = parameter_server

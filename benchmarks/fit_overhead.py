@@ -349,7 +349,7 @@ def main() -> None:
                f"{' and '.join(KERAS_LABELS[k] for k in kerases)}) run in fresh processes in lockstep, one epoch each "
                "in turn (rotating order), so only one trains at a time; ratios are paired (same Keras, repetition "
                f"and seed); {args.timer}-level timer; first epoch excluded.",
-               f"Every variant of one Keras ran with the same settings ({settings}); tfdist's Keras 3 loop never "
+               f"Every variant of one Keras ran with the same settings ({settings}), so no variant "
                "XLA-compiles.",
                "Plain tf_keras re-creates the iterator of its finite dataset between epochs; plain Keras 3 makes one "
                "in each epoch's first batch and one after its last batch, so its step time runs from the first to "

@@ -386,13 +386,11 @@ def test_builtin_model_params(capsys):
     assert json.loads(capsys.readouterr().out)["params"] == 8 * 8 * 3 + 3
 
 
-@pytest.mark.timeout(120)
-def test_measured_step_with_accumulation_is_one_accumulated_step():
-    tf = pytest.importorskip("tensorflow")
-    tf_keras = pytest.importorskip("tf_keras")
-    from tfdist.planning.measure import measure_step_time
+def _call_counter(keras_module):
+    """A pass-through layer of ``keras_module`` that counts its forward passes (micro batches) and rows."""
+    import tensorflow as tf
 
-    class CountCalls(tf_keras.layers.Layer):  # counts forward passes, i.e. micro batches
+    class CountCalls(keras_module.layers.Layer):
         def build(self, shape):
             self.calls = self.add_weight(name="calls", shape=(), dtype="int64", initializer="zeros", trainable=False)
             self.rows = self.add_weight(name="rows", shape=(), dtype="int64", initializer="zeros", trainable=False)
@@ -402,7 +400,16 @@ def test_measured_step_with_accumulation_is_one_accumulated_step():
             self.rows.assign_add(tf.cast(tf.shape(x)[0], "int64"))
             return x
 
-    counter = CountCalls()
+    return CountCalls()
+
+
+@pytest.mark.timeout(120)
+def test_measured_step_with_accumulation_is_one_accumulated_step():
+    pytest.importorskip("tensorflow")
+    tf_keras = pytest.importorskip("tf_keras")
+    from tfdist.planning.measure import measure_step_time
+
+    counter = _call_counter(tf_keras)
     model = tf_keras.Sequential([tf_keras.layers.Input((8,)), counter, tf_keras.layers.Dense(3)])
     m = measure_step_time(model=model, micro_batch_size=4, steps=3, warmup=1, grad_accum_steps=2)
     assert m.grad_accum_steps == 2 and m.step_seconds > 0
@@ -439,21 +446,11 @@ def test_measure_times_a_keras3_builtin_model_in_tfdists_loop(monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_measured_keras3_model_object_is_one_accumulated_step_whatever_keras_says():
-    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow")
     keras = pytest.importorskip("keras")
     from tfdist.planning.measure import measure_step_time
 
-    class CountCalls(keras.layers.Layer):  # counts forward passes, i.e. micro batches
-        def build(self, shape):
-            self.calls = self.add_weight(name="calls", shape=(), dtype="int64", initializer="zeros", trainable=False)
-            self.rows = self.add_weight(name="rows", shape=(), dtype="int64", initializer="zeros", trainable=False)
-
-        def call(self, x):
-            self.calls.assign_add(1)
-            self.rows.assign_add(tf.cast(tf.shape(x)[0], "int64"))
-            return x
-
-    counter = CountCalls()
+    counter = _call_counter(keras)
     model = keras.Sequential([keras.Input((8,)), counter, keras.layers.Dense(3)])
     # keras="2" is ignored for a model object: its own Keras (3) is measured.
     m = measure_step_time(model=model, micro_batch_size=4, steps=3, warmup=1, grad_accum_steps=2, keras="2")

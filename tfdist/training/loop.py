@@ -83,7 +83,10 @@ class _Functions:
         # As Keras' fit does: a model compiled with jit_compile=True gets its replica steps compiled
         # by XLA inside strategy.run ("auto" has already resolved to False on CPUs and in a scope).
         wanted = getattr(model, "jit_compile", False) is True
-        local = list(getattr(strategy.extended, "worker_devices", ()))
+        try:
+            local = list(strategy.extended.worker_devices)
+        except (AttributeError, RuntimeError):  # the default strategy (no scope) has none
+            local = []
         # XLA places a function on one CPU device: replicas on logical CPU devices cannot reach their variables.
         cpu_replicas = len(local) > 1 and any("CPU" in d.upper() for d in local)
         self.xla = wanted and not parameter_server and not cpu_replicas

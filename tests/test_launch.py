@@ -380,7 +380,9 @@ def test_a_bad_input_exit_ends_the_launch_at_once_without_restarts(task_script, 
     command = task_script('record("attempt", restart)\nsys.exit(2 if role == "worker" else time.sleep(60))\n')
     result, _, _ = _launch(command, workers=2, ps=ps, max_restarts=3)
     assert (result.exit_code, result.restarts, result.worker_restarts) == (2, 0, 0)
-    assert (tmp_path / "attempt-worker-0.log").read_text().split() == ["0"]
+    # The first worker to exit 2 ends the launch; the other may be stopped before it records.
+    attempts = [path.read_text().split() for path in tmp_path.glob("attempt-worker-*.log")]
+    assert attempts and all(a == ["0"] for a in attempts), attempts  # every worker started once, none again
     assert "bad input" in result.reason
 
 

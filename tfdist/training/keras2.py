@@ -5,7 +5,6 @@ with tfdist's callback)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import types
 from typing import Any, Sequence
@@ -14,6 +13,7 @@ import numpy as np
 
 from tfdist import _checks
 from tfdist.errors import ModelError
+from tfdist.training.keras_common import defined_in, merged_history, model_fingerprint, warn_low_precision_outputs
 
 log = logging.getLogger("tfdist")
 
@@ -22,7 +22,7 @@ PRECISIONS = _checks.PRECISIONS
 
 def is_tf_keras(obj: Any) -> bool:
     """True for an instance of a tf_keras class or a subclass of one."""
-    return any(c.__module__ == "tf_keras" or c.__module__.startswith("tf_keras.") for c in type(obj).__mro__)
+    return defined_in(obj, "tf_keras")
 
 
 def check(model: Any) -> None:
@@ -85,37 +85,11 @@ def precision_policy(precision: str):
         tf_keras.mixed_precision.set_global_policy(previous)
 
 
-def model_fingerprint(model) -> str:
-    """A hash of the model's structure: layer classes and weight shapes and dtypes, in order.
-
-    Names are left out: Keras numbers them per process (dense, dense_1, ...)."""
-    digest = hashlib.sha256()
-    for layer in model._flatten_layers(include_self=False):
-        shapes = ",".join(f"{tuple(w.shape)}:{w.dtype.name}" for w in layer.weights)
-        digest.update(f"{type(layer).__name__}[{shapes}];".encode())
-    return digest.hexdigest()[:16]
-
-
 def settle(model) -> None:
     """Waits until every step scheduled so far has run (parameter servers: before a save)."""
     coordinator = getattr(model, "_cluster_coordinator", None)
     if coordinator is not None:
         coordinator.join()
-
-
-def merged_history(previous: list[dict], history=None):
-    """A Keras History holding every epoch of the run, earlier runs included."""
-    import tf_keras
-
-    merged = tf_keras.callbacks.History()
-    merged.epoch = list(range(len(previous)))
-    for logs in previous:
-        for key, value in logs.items():
-            merged.history.setdefault(key, []).append(value)
-    if history is not None:
-        merged.model = history.model
-        merged.params = history.params
-    return merged
 
 
 def _rebuild(model, strategy):
@@ -151,15 +125,6 @@ def in_scope(model, strategy):
     if getattr(model, "_distribution_strategy", None) is not strategy:
         return _rebuild(model, strategy)
     return model
-
-
-def warn_low_precision_outputs(model) -> None:
-    for output in model.outputs or []:
-        if output.dtype.name in ("float16", "bfloat16"):
-            log.warning(
-                "model output %s is %s: compute the last layer in float32 (dtype='float32') so the loss stays accurate",
-                output.name, output.dtype.name,
-            )
 
 
 def random_generators(model) -> dict[str, Any]:
@@ -265,7 +230,6 @@ def install_grad_accumulation(model, steps: int) -> None:
     log.info("gradient accumulation: %d micro batches per optimizer step", steps)
 
 
-
 class TfKeras:
     """The tf_keras adapter of one ``fit`` call: tf_keras' own ``model.fit`` loop, with
     ``callback.TrainingCallback`` reporting every step and epoch to tfdist's controller."""
@@ -338,4 +302,7 @@ class TfKeras:
         )
 
     def history(self, previous: list[dict], keras_history=None):
-        return merged_history(previous, keras_history)
+        """A tf_keras History holding every epoch of the run, earlier runs included."""
+        import tf_keras
+
+        return merged_history(tf_keras.callbacks.History, previous, keras_history)

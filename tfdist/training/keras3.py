@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from tfdist.errors import ModelError
+from tfdist.training.keras_common import defined_in, merged_history, model_fingerprint, warn_low_precision_outputs
 
 log = logging.getLogger("tfdist")
 
@@ -29,15 +30,9 @@ log = logging.getLogger("tfdist")
 # --- which Keras ---------------------------------------------------------------------------
 
 
-def _defined_in(obj: Any, package: str) -> bool:
-    """True if a class in ``obj``'s MRO comes from ``package`` (a user's subclass lives in
-    the user's module, so its own ``__module__`` does not tell)."""
-    return any(c.__module__ == package or c.__module__.startswith(package + ".") for c in type(obj).__mro__)
-
-
 def is_keras3(obj: Any) -> bool:
     """True for an instance of a Keras 3 class or a subclass of one (tf_keras is ``tf_keras.*``)."""
-    return _defined_in(obj, "keras")
+    return defined_in(obj, "keras")
 
 
 def check_model(model: Any) -> None:
@@ -81,7 +76,7 @@ def _tf_keras_attributes(model):
                 continue
             values = value if isinstance(value, (list, tuple)) else list(value.values()) if isinstance(value, dict) else [value]
             for item in values:
-                if _defined_in(item, "tf_keras"):
+                if defined_in(item, "tf_keras"):
                     yield f"{type(layer).__name__}.{name}", item
 
 
@@ -381,33 +376,6 @@ def accumulating_train_step(model, steps: int, *, unrolled: bool = False):
     return step
 
 
-def model_fingerprint(model) -> str:
-    """A hash of the model's structure: layer classes and weight shapes and dtypes, in order
-    (names are left out: Keras numbers them per process)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for layer in model._flatten_layers(include_self=False):
-        shapes = ",".join(f"{tuple(w.shape)}:{w.dtype}" for w in layer.weights)
-        digest.update(f"{type(layer).__name__}[{shapes}];".encode())
-    return digest.hexdigest()[:16]
-
-
-def merged_history(previous: list[dict], history=None):
-    """A Keras 3 History holding every epoch of the run, earlier runs included."""
-    import keras
-
-    merged = keras.callbacks.History()
-    merged.epoch = list(range(len(previous)))
-    for logs in previous:
-        for key, value in logs.items():
-            merged.history.setdefault(key, []).append(value)
-    if history is not None:
-        merged.set_model(history.model)
-        merged.set_params(history.params)
-    return merged
-
-
 class _ControllerHooks:
     """The loop's hooks, reported to tfdist's controller (``training.controller.Controller``)."""
 
@@ -459,10 +427,7 @@ class Keras3:
         return model if built_in(model, self.strategy) else rebuild_in_scope(model, self.strategy)
 
     def after_build(self, model) -> None:
-        for output in getattr(model, "outputs", None) or []:
-            if str(getattr(output, "dtype", "")) in ("float16", "bfloat16"):
-                log.warning("model output %s is %s: compute the last layer in float32 (dtype='float32') so the loss "
-                            "stays accurate", getattr(output, "name", "?"), output.dtype)
+        warn_low_precision_outputs(model)
 
     def prepare(self, model, *, sample, grad_accum_steps: int) -> None:
         self._grad_accum_steps = grad_accum_steps
@@ -514,4 +479,7 @@ class Keras3:
         )
 
     def history(self, previous: list[dict], keras_history=None):
-        return merged_history(previous, keras_history)
+        """A Keras 3 History holding every epoch of the run, earlier runs included."""
+        import keras
+
+        return merged_history(keras.callbacks.History, previous, keras_history)

@@ -89,8 +89,7 @@ class _Functions:
             local = []
         # XLA places a function on one CPU device: replicas on logical CPU devices cannot reach their variables.
         cpu_replicas = len(local) > 1 and any("CPU" in d.upper() for d in local)
-        self.xla = wanted and not parameter_server and not cpu_replicas
-        if self.xla:
+        if wanted and not parameter_server and not cpu_replicas:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
             test_step = tf.function(test_step, jit_compile=True, reduce_retracing=True)
             log.info("tfdist: the model's train and test steps are compiled with XLA (jit_compile=True)")

@@ -5,7 +5,8 @@
 3. model in scope         -- the compiled model built inside the strategy, its state created;
 4. checkpoints            -- the checkpointer, and the point to resume from;
 5. datasets               -- the input pipelines from that point on;
-6. run                    -- Keras' fit with tfdist's controller around every step;
+6. run                    -- the adapter's loop (tfdist's own for Keras 3, tf_keras' fit)
+                             with tfdist's controller around every step;
 7. summary                -- the History of every epoch and a ``FitSummary``.
 """
 

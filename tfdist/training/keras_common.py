@@ -1,0 +1,54 @@
+"""What the two Keras adapters (``keras3``, ``keras2``) share: which package a model comes from,
+its structural fingerprint, the History of a whole run, the low-precision output warning."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+log = logging.getLogger("tfdist")
+
+
+def defined_in(obj: Any, package: str) -> bool:
+    """True if a class in ``obj``'s MRO comes from ``package`` (a user's subclass lives in
+    the user's module, so its own ``__module__`` does not tell)."""
+    return any(c.__module__ == package or c.__module__.startswith(package + ".") for c in type(obj).__mro__)
+
+
+def _dtype_name(dtype) -> str:
+    """``float32`` for a tf.DType (tf_keras) or a dtype string (Keras 3)."""
+    return str(getattr(dtype, "name", dtype))
+
+
+def model_fingerprint(model) -> str:
+    """A hash of the model's structure: layer classes and weight shapes and dtypes, in order.
+
+    Names are left out: Keras numbers them per process (dense, dense_1, ...)."""
+    digest = hashlib.sha256()
+    for layer in model._flatten_layers(include_self=False):
+        shapes = ",".join(f"{tuple(w.shape)}:{_dtype_name(w.dtype)}" for w in layer.weights)
+        digest.update(f"{type(layer).__name__}[{shapes}];".encode())
+    return digest.hexdigest()[:16]
+
+
+def merged_history(history_class, previous: list[dict], history=None):
+    """A ``history_class`` (either Keras' History) holding every epoch of the run, earlier runs included."""
+    merged = history_class()
+    merged.epoch = list(range(len(previous)))
+    for logs in previous:
+        for key, value in logs.items():
+            merged.history.setdefault(key, []).append(value)
+    if history is not None:
+        merged.set_model(history.model)
+        merged.set_params(history.params)
+    return merged
+
+
+def warn_low_precision_outputs(model) -> None:
+    """A float16/bfloat16 output makes the loss inaccurate: say so once, after the model is built."""
+    for output in getattr(model, "outputs", None) or []:
+        dtype = _dtype_name(getattr(output, "dtype", ""))
+        if dtype in ("float16", "bfloat16"):
+            log.warning("model output %s is %s: compute the last layer in float32 (dtype='float32') so the loss "
+                        "stays accurate", getattr(output, "name", "?"), dtype)

@@ -352,6 +352,17 @@ def test_tfds_array_record_is_read_by_index_in_an_exact_global_shuffle(tmp_path)
         data.dataset_fn(train, plan, start_step=0, parameter_server=True)(_Context(1, 0))
 
 
+def test_an_indexed_source_reads_an_empty_batch_with_the_types_it_declares():
+    # A replica past the end of its validation part reads empty batches (data.validation_input).
+    import tensorflow as tf
+
+    examples = [{"image": np.full((2, 2), i, np.uint8), "label": i % 3} for i in range(5)]
+    source = data.IndexedSource(examples, x_key="image", y_key="label", name="five")
+    read = tf.data.Dataset.from_tensors(tf.zeros([0], tf.int64)).map(source.gather_fn())
+    x, y = next(read.as_numpy_iterator())
+    assert (x.shape, x.dtype, y.shape, y.dtype) == ((0, 2, 2), np.float32, (0,), np.int64)
+
+
 def test_feature_specs_parse_records_and_name_every_bad_field(tmp_path):
     import tensorflow as tf
 

@@ -18,6 +18,13 @@ if TYPE_CHECKING:  # pragma: no cover
 MAX_EMBEDDED_BYTES = 64 << 20
 
 
+def scaled(x: np.ndarray) -> np.ndarray:
+    """Features as float32: integers (e.g. uint8 pixels) divided by their type's maximum, floats kept."""
+    if np.issubdtype(x.dtype, np.integer):
+        return (x.astype(np.float32) / float(np.iinfo(x.dtype).max)).astype(np.float32)
+    return x.astype(np.float32, copy=False)
+
+
 def hash_arrays(*arrays: np.ndarray) -> str:
     """A short content hash (at most ~64 MB of each array is read, evenly strided)."""
     digest = hashlib.sha256()

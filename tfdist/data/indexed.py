@@ -14,13 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tfdist.data.arrays import scaled
 from tfdist.errors import DataError
-
-
-def _scale(x: np.ndarray) -> np.ndarray:
-    if np.issubdtype(x.dtype, np.integer):
-        return (x.astype(np.float32) / float(np.iinfo(x.dtype).max)).astype(np.float32)
-    return x.astype(np.float32, copy=False)
 
 
 class IndexedSource:
@@ -45,9 +40,11 @@ class IndexedSource:
     def _read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         items = self.source.__getitems__([int(i) for i in indices]) if hasattr(self.source, "__getitems__") else [
             self.source[int(i)] for i in indices]
-        x = np.stack([np.asarray(item[self.x_key]) for item in items]) if items else np.zeros((0, *self._x_spec[1]))
-        y = np.stack([np.asarray(item[self.y_key]) for item in items]) if items else np.zeros((0, *self._y_spec[1]))
-        return _scale(x), y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y
+        if not items:  # a replica past the end of its validation part: an empty batch of the same types
+            return np.zeros((0, *self._x_spec[1]), self._x_spec[0]), np.zeros((0, *self._y_spec[1]), self._y_spec[0])
+        x = np.stack([np.asarray(item[self.x_key]) for item in items])
+        y = np.stack([np.asarray(item[self.y_key]) for item in items])
+        return scaled(x), y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y
 
     @property
     def num_examples(self) -> int:
@@ -74,11 +71,10 @@ class IndexedSource:
                 "cannot run. Fix: use a synchronous strategy, or prepare the data set as TFRecord "
                 "(file_format='tfrecord') to read it with the file source."
             )
-        x_dtype, x_shape = tf.as_dtype(np.float32), self._x_spec[1]
-        y_dtype, y_shape = tf.as_dtype(np.int64 if np.issubdtype(self._y_spec[0], np.integer) else self._y_spec[0]), self._y_spec[1]
+        (x_dtype, x_shape), (y_dtype, y_shape) = self._x_spec, self._y_spec  # what _read returns
 
         def gather(idx):
-            x, y = tf.numpy_function(self._read, [idx], (x_dtype, y_dtype), stateful=False)
+            x, y = tf.numpy_function(self._read, [idx], (tf.as_dtype(x_dtype), tf.as_dtype(y_dtype)), stateful=False)
             x.set_shape(idx.shape.concatenate(x_shape))
             y.set_shape(idx.shape.concatenate(y_shape))
             return x, y

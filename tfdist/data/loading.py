@@ -6,19 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from tfdist.data.arrays import ArraySource
+from tfdist.data.arrays import ArraySource, scaled
 from tfdist.data.files import TFRecordSource
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.stream import StreamSource
 from tfdist.errors import DataError
 
 DATA_FORMS = "'digits', 'tfds:NAME', a path to an .npz file, or a TFRecord glob with a feature spec"
-
-
-def _scaled(x: np.ndarray) -> np.ndarray:
-    if np.issubdtype(x.dtype, np.integer):
-        return (x.astype(np.float32) / float(np.iinfo(x.dtype).max)).astype(np.float32)
-    return x.astype(np.float32, copy=False)
 
 
 def _split(x: np.ndarray, y: np.ndarray, validation_fraction: float, name: str) -> tuple[ArraySource, ArraySource]:
@@ -74,9 +68,9 @@ def load_npz(path: str, validation_fraction: float = 0.2) -> tuple[ArraySource, 
     if "x_val" in arrays and arrays["x_val"].shape[1:] != arrays["x"].shape[1:]:
         raise DataError(f"x_val and x in the .npz file differ in example shape; received {arrays['x_val'].shape[1:]} and "
                         f"{arrays['x'].shape[1:]} in {path!r}. Fix: save validation examples shaped like the training ones.")
-    x = _scaled(arrays["x"])
+    x = scaled(arrays["x"])
     if "x_val" in arrays:
-        return ArraySource(x, arrays["y"], name=path), ArraySource(_scaled(arrays["x_val"]), arrays["y_val"], name=path)
+        return ArraySource(x, arrays["y"], name=path), ArraySource(scaled(arrays["x_val"]), arrays["y_val"], name=path)
     if len(x) < 2:
         raise DataError(f"the .npz file holds {len(x)} example, too few to split off validation data; received {path!r}. "
                         "Fix: save more examples, or x_val and y_val.")

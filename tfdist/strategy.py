@@ -40,7 +40,6 @@ MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
 CENTRAL_STORAGE = "central_storage"
 PARAMETER_SERVER = "parameter_server"
 NAMES = (ONE_DEVICE, MIRRORED, MULTI_WORKER_MIRRORED, CENTRAL_STORAGE, PARAMETER_SERVER)
-SYNCHRONOUS = (ONE_DEVICE, MIRRORED, MULTI_WORKER_MIRRORED, CENTRAL_STORAGE)
 
 MULTI_WORKER_ALL_REDUCE = ("auto", "ring", "nccl")
 MIRRORED_ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
@@ -459,7 +458,6 @@ class Traits:
 
     Attributes:
       name: the registry name.
-      synchronous: every step is one step of all replicas together (all but parameter_server).
       coordinated: the chief schedules steps on worker tasks through a ClusterCoordinator
         (parameter_server); it coordinates and saves, the workers compute.
       step_tasks: processes that run training steps (the worker tasks under parameter_server).
@@ -468,10 +466,14 @@ class Traits:
     """
 
     name: str
-    synchronous: bool
     coordinated: bool
     step_tasks: int
     multi_process: bool
+
+    @property
+    def synchronous(self) -> bool:
+        """Every step is one step of all replicas together (all but parameter_server)."""
+        return not self.coordinated
 
 
 def traits(strategy: "tf.distribute.Strategy", cluster: ClusterSpec) -> Traits:
@@ -481,7 +483,6 @@ def traits(strategy: "tf.distribute.Strategy", cluster: ClusterSpec) -> Traits:
     step_tasks = len(cluster.jobs.get(WORKER, ())) if coordinated else max(cluster.num_workers, 1)
     return Traits(
         name=name,
-        synchronous=not coordinated,
         coordinated=coordinated,
         step_tasks=step_tasks,
         multi_process=name == MULTI_WORKER_MIRRORED and cluster.num_workers > 1,

@@ -115,7 +115,8 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist.checkpoint import layout
 
     checkpoint_dir = args.checkpoint_dir or layout.checkpoint_dir_of(args.output_dir)
-    storage.check_supported(checkpoint_dir, what="--checkpoint-dir")
+    if args.checkpoint_dir:  # else it is under --output-dir, on the filesystem just checked
+        storage.check_supported(checkpoint_dir, what="--checkpoint-dir")
     if args.no_resume:
         from tfdist.checkpoint import refuse_to_start_over
 

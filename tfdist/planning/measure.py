@@ -274,9 +274,13 @@ def _compiled(model, *, keras: str, strategy, builtin: bool, precision: str, opt
             net = model
             if isinstance(model, str):
                 net = _load_model(model, keras=keras, input_shape=input_shape, num_classes=num_classes)
-            optimizer = {0: k.optimizers.SGD(), 1: k.optimizers.SGD(momentum=0.9)}.get(
-                optimizer_slots, k.optimizers.Adam()
-            )
+            # Only the one used: a Keras 3 optimizer makes variables when it is created.
+            if optimizer_slots == 0:
+                optimizer = k.optimizers.SGD()
+            elif optimizer_slots == 1:
+                optimizer = k.optimizers.SGD(momentum=0.9)
+            else:
+                optimizer = k.optimizers.Adam()
             if builtin:  # the loss and metric of the real run: their cost is part of a step
                 net.compile(optimizer=optimizer, loss=k.losses.SparseCategoricalCrossentropy(from_logits=True),
                             metrics=["accuracy"])
@@ -330,6 +334,3 @@ def _run_tf_keras(net, data, clock: _Clock, *, steps: int, grad_accum_steps: int
                     self.model.stop_training = True
 
     net.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[_Timer()])
-
-
-# --- the entry point --------------------------------------------------------------------------

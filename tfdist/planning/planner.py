@@ -162,14 +162,10 @@ class Plan:
     def __post_init__(self):
         for name in ("samples", "micro_batch_size", "epochs", "grad_accum_steps", "nodes", "gpus_per_node"):
             check_int(name, getattr(self, name))
-        if self.params is not None:
-            check_int("params", self.params)
+        _checks.check_optional_int("params", self.params, error=PlanError)
         check_int("optimizer_slots", self.optimizer_slots, minimum=0)
         check_keras(self.keras)
-        if self.precision not in PRECISIONS:
-            raise PlanError(
-                f"Invalid `precision`; received precision={self.precision!r}. Fix: use one of {', '.join(PRECISIONS)}."
-            )
+        _checks.check_choice("precision", self.precision, PRECISIONS, error=PlanError)
         _check_number(
             "activation_bytes", self.activation_bytes, unit="bytes per sample", allow_none=True, allow_zero=True
         )
@@ -346,7 +342,7 @@ class Plan:
             allreduce = ring_allreduce_seconds(
                 replicas=n, gradient_bytes=self.gradient_bytes, link_bandwidth=self.link_bandwidth
             )
-            step = self.step_time * self.grad_accum_steps + allreduce
+            step = base + allreduce
             steps = self.epochs * (self.samples // global_batch)
             dropped = self.samples % global_batch
             points.append(ScalingPoint(n, global_batch, steps, dropped, allreduce, step, steps * step, base / step))
@@ -444,8 +440,7 @@ def plan(
         ("global_batch_size", global_batch_size), ("max_micro_batch_size", max_micro_batch_size),
     )
     for name, value in batch_args:
-        if value is not None:
-            check_int(name, value)
+        _checks.check_optional_int(name, value, error=PlanError)
     check_int("measure_steps", measure_steps)
     check_int("measure_warmup", measure_warmup, minimum=0)
     micro, accum = resolve_micro_and_accum(

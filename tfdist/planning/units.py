@@ -92,6 +92,3 @@ def format_seconds(value: float | None) -> str:
     if value < 86400:
         return f"{int(value // 3600)} h {value % 3600 / 60:.0f} min"
     return f"{int(value // 86400)} d {value % 86400 / 3600:.0f} h"
-
-
-# --- single formulas --------------------------------------------------------------------

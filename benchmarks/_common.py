@@ -248,6 +248,21 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+KERAS_LABELS = {"2": "tf_keras", "3": "Keras 3"}
+KERAS_CHOICES = {"2": ("2",), "3": ("3",), "both": ("2", "3")}
+
+
+def add_keras_option(p: argparse.ArgumentParser) -> None:
+    """``--keras {2,3,both}`` (default both): the Kerases whose models a benchmark measures."""
+    p.add_argument("--keras", choices=tuple(KERAS_CHOICES), default="both",
+                   help="which Keras the models are built with: 2 (tf_keras), 3 (Keras 3) or both (default)")
+
+
+def keras_variant(keras: str, variant: str) -> str:
+    """A variant's name with its Keras, e.g. ``Keras 3 tfdist``."""
+    return f"{KERAS_LABELS[keras]} {variant}"
+
+
 def alternate(variants: Sequence[str], reps: int) -> list[tuple[int, str]]:
     """(repetition, variant) in the order A B A B ... (B A B A on odd repetitions, to cancel drift)."""
     order = []

@@ -78,25 +78,14 @@ import _common  # noqa: E402
 TARGET = 1.02
 DEFAULT_CONFIGS = ("cnn:32:20", "mlp:64:40")
 VARIANTS = ("plain", "tfdist", "plain+prefetch")
-KERAS_LABELS = {"2": "tf_keras", "3": "Keras 3"}
-KERAS_CHOICES = {"2": ("2",), "3": ("3",), "both": ("2", "3")}
-
-
-def _name(keras: str, variant: str) -> str:
-    return f"{KERAS_LABELS[keras]} {variant}"
+KERAS_LABELS, KERAS_CHOICES = _common.KERAS_LABELS, _common.KERAS_CHOICES
 
 
 def _timer_class(kind: str, turns, keras: str):
-    if keras == "2":
-        import tf_keras
+    from tfdist import models
 
-        base = tf_keras.callbacks.Callback
-    else:
-        import keras as keras3
-
-        base = keras3.callbacks.Callback  # tfdist's Keras 3 loop calls it through keras.callbacks.CallbackList
-
-    class Timer(base):
+    # For Keras 3, tfdist's loop calls it through keras.callbacks.CallbackList, as fit does.
+    class Timer(models.keras_module(keras).callbacks.Callback):
         """Epoch-level (default) or batch-level timestamps; hands the turn back between epochs."""
 
         def __init__(self):
@@ -162,14 +151,7 @@ def child(spec: dict, conn) -> None:
     turns.start()  # first turn: setup + first epoch
     start = time.perf_counter()
     if spec["variant"].startswith("plain"):
-        if spec["keras"] == "2":
-            import tf_keras
-
-            tf_keras.utils.set_random_seed(seed)
-        else:
-            import keras
-
-            keras.utils.set_random_seed(seed)
+        models.keras_module(spec["keras"]).utils.set_random_seed(seed)
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
         with strategy.scope():
             model = builder()
@@ -285,8 +267,7 @@ def main() -> None:
                    help=f"MODEL:BATCH:EPOCHS triples (default {' '.join(DEFAULT_CONFIGS)}; --quick cnn:32:3)")
     p.add_argument("--reps", type=int, default=None, help="repetitions per variant (default 4; --quick 1)")
     p.add_argument("--timer", choices=("epoch", "batch"), default="epoch")
-    p.add_argument("--keras", choices=tuple(KERAS_CHOICES), default="both",
-                   help="which Keras the models are built with: 2 (tf_keras), 3 (Keras 3) or both (default)")
+    _common.add_keras_option(p)
     args = p.parse_args()
     _common.quiet_tensorflow()
     reps = args.reps or (1 if args.quick else 4)
@@ -301,7 +282,7 @@ def main() -> None:
         batch, epochs = int(batch), int(epochs)
         runs = {keras: {v: [] for v in VARIANTS} for keras in kerases}
         for rep in range(reps):
-            specs = {_name(keras, v): dict(keras=keras, variant=v, model=model, batch=batch, epochs=epochs, seed=rep,
+            specs = {_common.keras_variant(keras, v): dict(keras=keras, variant=v, model=model, batch=batch, epochs=epochs, seed=rep,
                                            timer=args.timer)
                      for keras in kerases for v in VARIANTS}
             for name, r in _common.lockstep(child, specs, rotation=rep).items():

@@ -65,12 +65,7 @@ import _common  # noqa: E402
 
 TARGET = 1.02
 VARIANTS = {"2": ("plain", "tfdist", "tfdist-agree-every-step"), "3": ("loop", "tfdist")}
-KERAS_LABELS = {"2": "tf_keras", "3": "Keras 3"}
-KERAS_CHOICES = {"2": ("2",), "3": ("3",), "both": ("2", "3")}
-
-
-def _name(keras: str, variant: str) -> str:
-    return f"{KERAS_LABELS[keras]} {variant}"
+KERAS_LABELS, KERAS_CHOICES = _common.KERAS_LABELS, _common.KERAS_CHOICES
 
 
 def _hand_written_loop(builder, ds, *, strategy, steps: int, epochs: int, begin: list, end: list) -> float:
@@ -126,10 +121,7 @@ def child(spec: dict) -> None:
     from tfdist.training import preemption
 
     keras_version = spec["keras"]
-    if keras_version == "2":
-        import tf_keras as keras_module
-    else:
-        import keras as keras_module
+    keras_module = models.keras_module(keras_version)
     train, _ = data_mod.load_digits()
     x, y = train.x, train.y
     builder = models.builder(spec["model"], input_shape=x.shape[1:], num_classes=10, keras=keras_version)
@@ -211,7 +203,7 @@ def run_cluster(spec: dict, *, workers: int = 2, timeout: float = 600) -> dict:
     raise RuntimeError(f"cluster {spec} failed: exit codes {[p.returncode for p in procs]}")
 
 
-def _rows_tf_keras(runs: dict, step: dict, ratio: dict, what: str) -> list:
+def _rows_tf_keras(step: dict, ratio: dict, what: str) -> list:
     return [
         ("tf_keras", f"{what}: step time tfdist / plain `model.fit`", f"**{_common.fmt_ratio(ratio['tfdist'])}**; "
          f"plain {_common.fmt(step['plain'], 1e3, ' ms')}, tfdist {_common.fmt(step['tfdist'], 1e3, ' ms')}",
@@ -239,8 +231,7 @@ def _rows_keras3(plain_fit: dict, step: dict, ratio: dict, what: str) -> list:
 
 def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
-    p.add_argument("--keras", choices=tuple(KERAS_CHOICES), default="both",
-                   help="which Keras the models are built with: 2 (tf_keras), 3 (Keras 3) or both (default)")
+    _common.add_keras_option(p)
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -254,8 +245,8 @@ def main() -> None:
     if "3" in kerases:
         plain_fit = run_cluster({**base, "keras": "3", "variant": "plain", "seed": 0}, timeout=300)
         print(f"  Keras 3 plain model.fit: {plain_fit.get('error') or 'ran'}", flush=True)
-    names = [_name(k, v) for k in kerases for v in VARIANTS[k]]
-    specs = {_name(k, v): {"keras": k, "variant": v} for k in kerases for v in VARIANTS[k]}
+    specs = {_common.keras_variant(k, v): {"keras": k, "variant": v} for k in kerases for v in VARIANTS[k]}
+    names = list(specs)
     runs: dict[str, dict[str, list[dict]]] = {k: {v: [] for v in VARIANTS[k]} for k in kerases}
     for rep, name in _common.alternate(names, reps):
         result = run_cluster({**base, **specs[name], "seed": rep})
@@ -267,7 +258,6 @@ def main() -> None:
     what = f"{model}, global batch {batch} on 2 workers ({steps} steps/epoch, epochs 2–{epochs} timed)"
     results: dict = {"plain_keras3_fit": plain_fit}
     rows = []
-    step_of: dict[str, dict] = {}
     for keras in kerases:
         baseline = "plain" if keras == "2" else "loop"
         r = runs[keras]
@@ -275,11 +265,10 @@ def main() -> None:
         ratio = {v: _common.summary([x["step_seconds"] / b["step_seconds"] for x, b in zip(r[v], r[baseline])])
                  for v in r if v != baseline}
         results[KERAS_LABELS[keras]] = {"runs": r, "step_seconds": step, "ratio": ratio, "baseline": baseline}
-        step_of[keras] = r
-        rows += _rows_tf_keras(r, step, ratio, what) if keras == "2" else _rows_keras3(plain_fit, step, ratio, what)
+        rows += _rows_tf_keras(step, ratio, what) if keras == "2" else _rows_keras3(plain_fit, step, ratio, what)
     if len(kerases) == 2:
         cross = _common.summary([k3["step_seconds"] / k2["step_seconds"]
-                                 for k2, k3 in zip(step_of["2"]["plain"], step_of["3"]["tfdist"])])
+                                 for k2, k3 in zip(runs["2"]["plain"], runs["3"]["tfdist"])])
         results["keras3_tfdist_over_tf_keras_plain"] = cross
         rows.append(("Keras 3 / tf_keras", f"{what}: step time tfdist with a Keras 3 model / plain tf_keras `model.fit`",
                      _common.fmt_ratio(cross), "(information)", "–"))

@@ -59,11 +59,8 @@ def fit_child(spec: dict) -> None:
 
     class Timer(models.keras_module(spec["keras"]).callbacks.Callback):
         # tf_keras: logs stay tensors (tfdist's own callback already has batch hooks: this adds no
-        # sync). Keras 3: without async_safe, a callback with batch hooks makes Keras convert every
-        # step's logs to floats in the loop's thread, waiting for each step; with it, that happens
-        # on Keras' callback threads (as when no callback has batch hooks), and this callback is
-        # called there once the step's logs are ready.
-        async_safe = True
+        # sync). Keras 3 with the TensorFlow backend converts every step's logs to floats in the
+        # loop's thread whatever the callbacks (backend.IS_THREAD_SAFE is False): no sync added either.
 
         def __init__(self):
             super().__init__()
@@ -89,8 +86,7 @@ def fit_child(spec: dict) -> None:
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     durations = [e - b for b, e in zip(begins, ends)]
     # Diagnostic: the step time inside an epoch (batch 2 to the last) and what an epoch costs beyond its steps.
-    # (max - min: under Keras 3 the batch ends are recorded by a pool of threads, not necessarily in order.)
-    inner = [(max(t) - min(t)) / (len(t) - 1) for t in batch_ends[1:] if len(t) > 1]
+    inner = [(t[-1] - t[0]) / (len(t) - 1) for t in batch_ends[1:] if len(t) > 1]
     step = float(np.median(inner)) if inner else float("nan")
     _common.emit({
         "in_epoch_step_seconds": step,

@@ -191,6 +191,16 @@ _TWO_CPUS = textwrap.dedent(
 )
 
 
+def _result_of(procs, script: str) -> dict:
+    """Runs ``script`` in a fresh Python (this module importable) and returns its ``RESULT`` line's JSON."""
+    import os
+
+    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.run([sys.executable, "-c", script], timeout=280, env=environ)
+    assert code == 0, out[-3000:]
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+
 # In a fresh process (2 logical CPUs): Keras turns jit_compile off under op determinism, which deterministic=True
 # fits switch on process-wide (TensorFlow has no public way back).
 _XLA = textwrap.dedent(
@@ -229,12 +239,7 @@ _XLA = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_jit_compile_true_compiles_the_steps_with_xla_as_model_fit_does(procs):
-    import os
-
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", _XLA], timeout=280, env=environ)
-    assert code == 0, out[-3000:]
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    result = _result_of(procs, _XLA)
     # XLA on one device; 2 replicas on logical CPU devices cannot run XLA (it places the function on
     # one CPU): tfdist says so and trains without it.
     for name, applied in (("one_device", True), ("mirrored", False)):
@@ -247,12 +252,7 @@ def test_jit_compile_true_compiles_the_steps_with_xla_as_model_fit_does(procs):
 
 @pytest.mark.timeout(300)
 def test_mirrored_and_central_storage_give_one_devices_metrics_and_weights(procs):
-    import os
-
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", _TWO_CPUS], timeout=280, env=environ)
-    assert code == 0, out[-3000:]
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    result = _result_of(procs, _TWO_CPUS)
     one = result["one_device"]
     for name in ("mirrored", "central_storage"):
         run = result[name]

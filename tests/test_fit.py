@@ -28,7 +28,7 @@ def _linear_sgd():
 def test_fit_trains_under_one_device_and_reports_the_run():
     history = tfdist.fit(CNN, "digits", epochs=3, batch_size=64, strategy="one_device", seed=0, verbose=0)
     summary = history.tfdist
-    assert summary.strategy == "one_device" and summary.num_replicas == 1
+    assert summary.strategy == "one_device" and summary.num_replicas == 1 and summary.all_reduce is None
     assert summary.steps_per_epoch == 1437 // 64 and summary.global_step == 3 * summary.steps_per_epoch
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert set(history.history) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
@@ -139,7 +139,7 @@ _TWO_CPUS = textwrap.dedent(
     for name in ("mirrored", "central_storage"):
         h = tfdist.fit(cnn, "digits", epochs=2, batch_size=64, strategy=name, devices=devices, seed=0, verbose=0)
         out[name] = {"replicas": h.tfdist.num_replicas, "strategy": h.tfdist.strategy, "loss": h.history["loss"],
-                     "per_replica": h.tfdist.per_replica_batch_size}
+                     "per_replica": h.tfdist.per_replica_batch_size, "all_reduce": h.tfdist.all_reduce}
     big = tfdist.fit(linear, "digits", epochs=1, batch_size=64, strategy="mirrored", devices=devices, seed=1, deterministic=True, verbose=0)
     acc = tfdist.fit(linear, "digits", epochs=1, batch_size=64, grad_accum_steps=2, strategy="mirrored", devices=devices, seed=1, deterministic=True, verbose=0)
     out["accum_maxdiff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(big.model.get_weights(), acc.model.get_weights()))
@@ -160,6 +160,8 @@ def test_mirrored_and_central_storage_on_two_logical_cpus(procs):
         run = result[name]
         assert run["strategy"] == name and run["replicas"] == 2 and run["per_replica"] == 32
         assert run["loss"][1] < run["loss"][0]
+    assert result["mirrored"]["all_reduce"] == "reduce_to_one"  # auto on logical CPUs
+    assert result["central_storage"]["all_reduce"] is None
     assert result["accum_micro"] == 16 and result["accum_maxdiff"] < 1e-5
     assert result["mp"]["optimizer"].startswith("LossScaleOptimizer") and result["mp"]["replicas"] == 2
     assert np.isfinite(result["mp"]["loss"])

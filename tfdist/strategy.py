@@ -311,7 +311,9 @@ def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
     devices = list(options.devices) if options.devices else None
     choice = all_reduce_for(MIRRORED, requested=options.all_reduce, devices=devices)
     log.info("all-reduce %s: %s", choice.name, choice.reason)
-    return tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops(choice.name))
+    strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops(choice.name))
+    strategy._tfdist_all_reduce = choice.name  # read by all_reduce_of()
+    return strategy
 
 
 def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
@@ -322,6 +324,7 @@ def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
 
 
 def _communication_options(options: StrategyOptions):
+    """(the collectives' options, the all-reduce chosen) of multi_worker_mirrored."""
     import tensorflow as tf
 
     choice = all_reduce_for(MULTI_WORKER_MIRRORED, requested=options.all_reduce)
@@ -330,11 +333,12 @@ def _communication_options(options: StrategyOptions):
         "ring": tf.distribute.experimental.CommunicationImplementation.RING,
         "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
     }[choice.name]
-    return tf.distribute.experimental.CommunicationOptions(
+    communication = tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=options.bytes_per_pack,
         timeout_seconds=options.collective_timeout,
         implementation=implementation,
     )
+    return communication, choice.name
 
 
 def _require_cluster(cluster: ClusterSpec, name: str, roles: Sequence[str]) -> None:
@@ -348,19 +352,22 @@ def _require_cluster(cluster: ClusterSpec, name: str, roles: Sequence[str]) -> N
 def _multi_worker_mirrored(cluster: ClusterSpec, options: StrategyOptions):
     import tensorflow as tf
 
-    communication = _communication_options(options)
+    communication, all_reduce = _communication_options(options)
     if cluster.is_local:  # one process on its own, e.g. a unit test: a one-worker cluster.
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
-    if cluster.num_ps:
-        raise StrategyError(
-            f"multi_worker_mirrored cannot use a cluster with a ps job; received {cluster.describe()}. "
-            "Fix: use strategy='parameter_server' or remove the ps job."
-        )
-    wait_for_peers(cluster, options.startup_timeout)
-    with startup_watchdog(cluster, options.startup_timeout):
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=_resolver(cluster), communication_options=communication
-        )
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
+    else:
+        if cluster.num_ps:
+            raise StrategyError(
+                f"multi_worker_mirrored cannot use a cluster with a ps job; received {cluster.describe()}. "
+                "Fix: use strategy='parameter_server' or remove the ps job."
+            )
+        wait_for_peers(cluster, options.startup_timeout)
+        with startup_watchdog(cluster, options.startup_timeout):
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=_resolver(cluster), communication_options=communication
+            )
+    strategy._tfdist_all_reduce = all_reduce  # read by all_reduce_of()
+    return strategy
 
 
 def _parameter_server(cluster: ClusterSpec, options: StrategyOptions):
@@ -494,6 +501,13 @@ def trains_here(strategy: "str | tf.distribute.Strategy", cluster: ClusterSpec) 
     while the chief trains. True everywhere else."""
     name = resolve_name(strategy, cluster).name if isinstance(strategy, str) else name_of(strategy)
     return not (name == PARAMETER_SERVER and not cluster.is_chief)
+
+
+def all_reduce_of(strategy: "tf.distribute.Strategy") -> str | None:
+    """The all-reduce tfdist chose for a ``mirrored`` or ``multi_worker_mirrored`` strategy it
+    made (``nccl``, ``ring``, ``hierarchical_copy``, ``reduce_to_one``); None for the other
+    strategies, which have none, and for a strategy the user created (TensorFlow chose)."""
+    return getattr(strategy, "_tfdist_all_reduce", None)
 
 
 def name_of(strategy: "tf.distribute.Strategy") -> str:

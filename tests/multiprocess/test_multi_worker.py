@@ -33,6 +33,7 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
     assert code == 0, out[-4000:]
     summary = read_json(reference / "summary.json")
     assert summary["strategy"] == "multi_worker_mirrored" and summary["num_replicas"] == 2
+    assert summary["all_reduce"] == "ring"  # auto on CPUs
     assert summary["num_workers"] == 2 and summary["global_step"] == 24 and summary["global_batch_size"] == 32
 
     # worker:1 is SIGKILLed after step 11: the launcher restarts the cluster, which resumes.

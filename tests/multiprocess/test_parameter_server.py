@@ -25,6 +25,7 @@ def test_chief_two_workers_one_ps_train_and_resume_after_preemption(procs, tmp_p
     assert code == 0, out[-4000:]
     summary = read_json(tmp_path / "run" / "summary.json")
     assert summary["strategy"] == "parameter_server" and summary["num_workers"] == 2
+    assert summary["all_reduce"] is None  # no all-reduce: variables live on the ps tasks
     assert summary["global_step"] == 20 and summary["completed"]
     assert "stopping worker:0, worker:1, ps:0" in out
 

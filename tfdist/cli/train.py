@@ -90,7 +90,8 @@ def register(subparsers) -> None:
 
 def _summary_line(summary) -> str:
     parts = [
-        f"strategy {summary.strategy} ({summary.num_replicas} replica(s), {summary.num_workers} worker(s))",
+        f"strategy {summary.strategy} ({summary.num_replicas} replica(s), {summary.num_workers} worker(s)"
+        + (f", all-reduce {summary.all_reduce})" if summary.all_reduce else ")"),
         f"global batch {summary.global_batch_size}",
         f"step {summary.global_step}/{summary.epochs * summary.steps_per_epoch}",
     ]

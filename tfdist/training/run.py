@@ -134,6 +134,7 @@ def fit(
     history = adapter.history(controller.history, keras_history)
     history.tfdist = summarize(
         strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
+        all_reduce=strategy_mod.all_reduce_of(strat),
         sizes=shape.sizes, plan=shape.plan, global_step=controller.global_step, start_step=start_step,
         resumed_from=point.path if point is not None else None, history=controller.history,
         train_seconds=controller.train_seconds, wall_seconds=time.monotonic() - wall_start,
@@ -292,6 +293,7 @@ def _already_complete(point: ResumePoint, adapter, checkpointer: Checkpointer, s
     history = adapter.history(point.metadata.history)
     history.tfdist = summarize(
         strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
+        all_reduce=strategy_mod.all_reduce_of(strat),
         sizes=shape.sizes, plan=shape.plan, global_step=point.global_step, start_step=point.global_step,
         resumed_from=point.path, history=point.metadata.history, train_seconds=0.0,
         wall_seconds=time.monotonic() - wall_start, checkpoint_dir=checkpointer.options.directory, completed=True,

@@ -9,11 +9,17 @@ _ACCURACY_KEYS = ("val_accuracy", "val_sparse_categorical_accuracy", "val_acc")
 
 @dataclasses.dataclass(frozen=True)
 class FitSummary:
-    """What a run did; ``fit`` attaches it to the returned History as ``history.tfdist``."""
+    """What a run did; ``fit`` attaches it to the returned History as ``history.tfdist``.
+
+    ``all_reduce`` is the gradient all-reduce tfdist chose for ``mirrored`` or
+    ``multi_worker_mirrored`` (``nccl``, ``ring``, ``hierarchical_copy``, ``reduce_to_one``);
+    None for the other strategies and for a ``tf.distribute.Strategy`` passed in by the user.
+    """
 
     strategy: str
     num_replicas: int
     num_workers: int
+    all_reduce: str | None
     global_batch_size: int
     per_replica_batch_size: int
     micro_batch_size: int
@@ -40,6 +46,7 @@ def summarize(
     strategy: str,
     num_replicas: int,
     num_workers: int,
+    all_reduce: str | None,
     sizes,
     plan,
     global_step: int,
@@ -61,6 +68,7 @@ def summarize(
         strategy=strategy,
         num_replicas=num_replicas,
         num_workers=num_workers,
+        all_reduce=all_reduce,
         global_batch_size=sizes.global_batch_size,
         per_replica_batch_size=sizes.per_replica_batch_size,
         micro_batch_size=sizes.micro_batch_size,

@@ -105,6 +105,16 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def summary_of(runs: Sequence[dict[str, Any]], key: str) -> dict[str, float]:
+    """``summary`` of ``run[key]`` over ``runs``."""
+    return summary([run[key] for run in runs])
+
+
+def paired(baseline: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]], key: str) -> dict[str, float]:
+    """``summary`` of ``other[i][key] / baseline[i][key]``: ratios paired by repetition."""
+    return summary([o[key] / b[key] for b, o in zip(baseline, other)])
+
+
 def fmt(stats: dict[str, float], scale: float = 1.0, unit: str = "", digits: int = 3) -> str:
     """``median (min-max)`` text of a summary, values multiplied by ``scale``."""
     m, lo, hi = (stats[k] * scale for k in ("median", "min", "max"))

@@ -216,10 +216,10 @@ def _summarize(config: str, keras: str, runs: dict, *, model: str, batch: int, e
     label = KERAS_LABELS[keras]
     settings = _check_same_settings(config, keras, runs)
     keys = ("step_seconds", "span_step_seconds", "call_seconds", "setup_seconds", "first_epoch_seconds")
-    s = {variant: {key: _common.summary([r[key] for r in runs[variant]]) for key in keys} for variant in runs}
-    ratio = {key: _common.summary([t[key] / pl[key] for pl, t in zip(runs["plain"], runs["tfdist"])])
+    s = {variant: {key: _common.summary_of(runs[variant], key) for key in keys} for variant in runs}
+    ratio = {key: _common.paired(runs["plain"], runs["tfdist"], key)
              for key in ("step_seconds", "span_step_seconds", "call_seconds")}
-    ratio_prefetch = {key: _common.summary([t[key] / pl[key] for pl, t in zip(runs["plain+prefetch"], runs["tfdist"])])
+    ratio_prefetch = {key: _common.paired(runs["plain+prefetch"], runs["tfdist"], key)
                       for key in ("step_seconds", "span_step_seconds")}
     boundary = {v: _common.summary([b for r in runs[v] for b in r["boundary_seconds"]]) for v in runs}
     first_batch = {v: _common.summary([b for r in runs[v] for b in r["first_batch_seconds"]]) for v in runs}

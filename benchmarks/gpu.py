@@ -309,31 +309,16 @@ def fit_child(spec: dict, conn) -> None:
 
 
 def plan_fit_child(spec: dict) -> dict:
-    """(e): tfdist.fit of the built-in model on generated images; the epoch times."""
+    """(e): tfdist.fit of the built-in model on generated images, timed as plan_accuracy times it."""
     _common.quiet_tensorflow()
-    import numpy as np
+    import plan_accuracy
 
-    import tfdist
     from tfdist import models
 
     x, y = _images(spec["samples"], spec["image"], 10, seed=spec["seed"])
-    begins, ends = [], []
-
-    class Timer(models.keras_module(spec["keras"]).callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            begins.append(time.perf_counter())
-
-        def on_epoch_end(self, epoch, logs=None):
-            ends.append(time.perf_counter())
-
     builder = models.builder(spec["model"], input_shape=(spec["image"], spec["image"], 3), num_classes=10,
                              keras=spec["keras"])
-    history = tfdist.fit(builder, (x, y), epochs=spec["epochs"], batch_size=spec["micro"] * spec["accum"],
-                         grad_accum_steps=spec["accum"], strategy="one_device", seed=spec["seed"], verbose=0,
-                         callbacks=[Timer()])
-    durations = [e - b for b, e in zip(begins, ends)]
-    return {"epoch_seconds": float(np.median(durations[1:])), "first_epoch_seconds": durations[0],
-            "all_epochs": durations, "steps_per_epoch": history.tfdist.steps_per_epoch}
+    return plan_accuracy.timed_fit(builder, (x, y), spec)
 
 
 def child_main(spec: dict) -> None:
@@ -385,15 +370,6 @@ class Run:
         return runs
 
 
-def _stats(runs: list[dict], key: str) -> dict:
-    return _common.summary([r[key] for r in runs])
-
-
-def _paired(a: list[dict], b: list[dict], key: str = "step_seconds") -> dict:
-    """b / a per repetition."""
-    return _common.summary([rb[key] / ra[key] for ra, rb in zip(a, b)])
-
-
 def _describe(w: Workload, params: int) -> str:
     return (f"ResNet ({w.blocks} blocks x 3 stages, width {w.width}, {params / 1e6:.2f} M params), "
             f"{w.image}x{w.image}x3 images, batch {w.batch}/replica, {w.steps} steps/epoch, epochs 2–{w.epochs} timed")
@@ -410,14 +386,14 @@ def part_a(run: Run) -> None:
     what = _describe(run.workload, params)
     for precision in PRECISIONS:
         plain, ours = runs[f"plain {precision}"], runs[f"tfdist {precision}"]
-        ratio = _paired(plain, ours)
+        ratio = _common.paired(plain, ours, "step_seconds")
         run.results["a"][precision] = {"ratio": ratio}
         run.rows.append((
             f"(a) {precision}: step time tfdist / plain `model.fit`, one_device {run.device}; {what}",
-            f"**{_common.fmt_ratio(ratio)}**; plain {_common.fmt(_stats(plain, 'step_seconds'), 1e3, ' ms')} "
-            f"({_stats(plain, 'examples_per_second')['median']:,.0f} examples/s), tfdist "
-            f"{_common.fmt(_stats(ours, 'step_seconds'), 1e3, ' ms')} "
-            f"({_stats(ours, 'examples_per_second')['median']:,.0f} examples/s)",
+            f"**{_common.fmt_ratio(ratio)}**; plain {_common.fmt(_common.summary_of(plain, 'step_seconds'), 1e3, ' ms')} "
+            f"({_common.summary_of(plain, 'examples_per_second')['median']:,.0f} examples/s), tfdist "
+            f"{_common.fmt(_common.summary_of(ours, 'step_seconds'), 1e3, ' ms')} "
+            f"({_common.summary_of(ours, 'examples_per_second')['median']:,.0f} examples/s)",
             f"≤ {TARGET_OVERHEAD}", run.verdict(ratio["median"], TARGET_OVERHEAD)))
     for precision in PRECISIONS[1:]:
         speedup = _common.summary([f["step_seconds"] / m["step_seconds"]
@@ -483,16 +459,16 @@ def part_b(run: Run, *, physical_gpus: int, logical: int, memory_mb: int) -> Non
         run.rows.append((
             f"(b) tfdist `mirrored` all_reduce={name.split()[-1]} (ran: {chosen}), {what}: scaling efficiency "
             f"= examples/s / ({n} x one device)",
-            f"**{_common.fmt_ratio(efficiency)}**; {_common.fmt(_stats(variant, 'examples_per_second'), 1, ' examples/s')} "
-            f"vs one device {_common.fmt(_stats(one, 'examples_per_second'), 1, ' examples/s')}",
+            f"**{_common.fmt_ratio(efficiency)}**; {_common.fmt(_common.summary_of(variant, 'examples_per_second'), 1, ' examples/s')} "
+            f"vs one device {_common.fmt(_common.summary_of(one, 'examples_per_second'), 1, ' examples/s')}",
             "(report)", "–"))
     if "refused" not in runs["mirrored nccl"][0] and "mirrored hierarchical_copy" in runs:
-        ratio = _paired(runs["mirrored nccl"], runs["mirrored hierarchical_copy"])
+        ratio = _common.paired(runs["mirrored nccl"], runs["mirrored hierarchical_copy"], "step_seconds")
         run.rows.append((f"(b) step time hierarchical_copy / nccl, {what}", f"**{_common.fmt_ratio(ratio)}**",
                          "(report)", "–"))
     ours = runs[f"mirrored {main_op}"]
     if "refused" not in ours[0]:
-        ratio = _paired(runs[f"plain mirrored {main_op}"], ours)
+        ratio = _common.paired(runs[f"plain mirrored {main_op}"], ours, "step_seconds")
         run.results["b"]["overhead"] = ratio
         run.rows.append((f"(b) step time tfdist / plain `model.fit`, `mirrored` with {main_op}, {what}",
                          f"**{_common.fmt_ratio(ratio)}**", f"≤ {TARGET_OVERHEAD}",
@@ -587,8 +563,8 @@ def part_d(run: Run, precision: str) -> None:
         run.rows.append((
             f"(d) input stall, tfdist's pipeline on {source}: 1 - synthetic step / tfdist step, {precision}, "
             f"one_device {run.device}, batch {run.workload.batch}",
-            f"**{_common.fmt(stall, 100, ' %')}**; tfdist {_common.fmt(_stats(runs[name], 'step_seconds'), 1e3, ' ms')}, "
-            f"synthetic {_common.fmt(_stats(synthetic, 'step_seconds'), 1e3, ' ms')}{util}",
+            f"**{_common.fmt(stall, 100, ' %')}**; tfdist {_common.fmt(_common.summary_of(runs[name], 'step_seconds'), 1e3, ' ms')}, "
+            f"synthetic {_common.fmt(_common.summary_of(synthetic, 'step_seconds'), 1e3, ' ms')}{util}",
             "(≈ 0: report)", "–"))
     run.notes.append("(d): synthetic = plain `model.fit` on `Dataset.from_tensors(one batch).repeat().prefetch()` (still copied "
                      "to the device each step, as any input is); a stall near 0 means tfdist's pipeline keeps the "
@@ -618,15 +594,15 @@ def part_e(run: Run, script: str) -> None:
                                       timeout=1800)
             runs[variant].append(r)
             print(f"  (e) {config} rep {rep} {variant}: epoch {r['epoch_seconds']:.3f} s", flush=True)
-        ratio = _common.summary([p["epoch_seconds"] / f["epoch_seconds"] for p, f in zip(runs["plan"], runs["fit"])])
+        ratio = _common.paired(runs["fit"], runs["plan"], "epoch_seconds")
         run.results.setdefault("e", {})[config] = {"runs": runs, "ratio": ratio}
         what = f"{model}, micro batch {micro}" + (f" x {accum} accumulation steps" if spec["accum"] > 1 else "")
         run.rows.append((
             f"(e) `tfdist plan --measure` predicted / measured epoch time, {what}, {image}x{image}x3 inputs, "
             f"{runs['fit'][0]['steps_per_epoch']} steps/epoch on {run.device}",
             f"**{_common.fmt_ratio(ratio)}** ({ratio['median'] - 1:+.0%}); predicted "
-            f"{_common.fmt(_stats(runs['plan'], 'epoch_seconds'), 1e3, ' ms')}, measured (epochs 2–{epochs}) "
-            f"{_common.fmt(_stats(runs['fit'], 'epoch_seconds'), 1e3, ' ms')}",
+            f"{_common.fmt(_common.summary_of(runs['plan'], 'epoch_seconds'), 1e3, ' ms')}, measured (epochs 2–{epochs}) "
+            f"{_common.fmt(_common.summary_of(runs['fit'], 'epoch_seconds'), 1e3, ' ms')}",
             f"±{TARGET_PLAN:.0%}", run.verdict(abs(ratio["median"] - 1), TARGET_PLAN)))
     run.notes.append("(e): plan = `tfdist plan --model cnn --keras 3 --input-shape ... --measure --strategy one_device "
                      "--json` in a fresh process, fit = `tfdist.fit` of the Keras 3 model in another, alternated.")

@@ -261,9 +261,8 @@ def main() -> None:
     for keras in kerases:
         baseline = "plain" if keras == "2" else "loop"
         r = runs[keras]
-        step = {v: _common.summary([x["step_seconds"] for x in r[v]]) for v in r}
-        ratio = {v: _common.summary([x["step_seconds"] / b["step_seconds"] for x, b in zip(r[v], r[baseline])])
-                 for v in r if v != baseline}
+        step = {v: _common.summary_of(r[v], "step_seconds") for v in r}
+        ratio = {v: _common.paired(r[baseline], r[v], "step_seconds") for v in r if v != baseline}
         results[KERAS_LABELS[keras]] = {"runs": r, "step_seconds": step, "ratio": ratio, "baseline": baseline}
         rows += _rows_tf_keras(step, ratio, what) if keras == "2" else _rows_keras3(plain_fit, step, ratio, what)
     if len(kerases) == 2:

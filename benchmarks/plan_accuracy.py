@@ -45,16 +45,14 @@ SAMPLES = 1438  # len(tfdist.data.load_digits()[0]); checked in the fit child
 DEFAULT_CONFIGS = ("cnn:32:1:6", "cnn:64:1:6", "mlp:128:1:20", "cnn:32:2:6", "cnn:16:4:6")
 
 
-def fit_child(spec: dict) -> None:
-    _common.quiet_tensorflow()
+def timed_fit(builder, data, spec: dict) -> dict:
+    """``tfdist.fit`` of ``builder`` on ``data`` as ``spec`` says (keras, micro, accum, epochs,
+    seed), on one device; each epoch's time, the step time inside an epoch and the RSS increase."""
     import numpy as np
 
     import tfdist
-    from tfdist import data as data_mod
     from tfdist import models
 
-    train, _ = data_mod.load_digits()
-    assert train.num_examples == SAMPLES, train.num_examples
     begins, ends, batch_ends = [], [], []
 
     class Timer(models.keras_module(spec["keras"]).callbacks.Callback):
@@ -76,10 +74,9 @@ def fit_child(spec: dict) -> None:
         def on_epoch_end(self, epoch, logs=None):
             ends.append(time.perf_counter())
 
-    builder = models.builder(spec["model"], input_shape=train.example_shape, num_classes=10, keras=spec["keras"])
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
-    history = tfdist.fit(builder, train, epochs=spec["epochs"], batch_size=spec["micro"] * spec["accum"],
+    history = tfdist.fit(builder, data, epochs=spec["epochs"], batch_size=spec["micro"] * spec["accum"],
                          grad_accum_steps=spec["accum"], strategy="one_device", seed=spec["seed"], verbose=0,
                          callbacks=[Timer()])
     call = time.perf_counter() - start
@@ -88,7 +85,7 @@ def fit_child(spec: dict) -> None:
     # Diagnostic: the step time inside an epoch (batch 2 to the last) and what an epoch costs beyond its steps.
     inner = [(t[-1] - t[0]) / (len(t) - 1) for t in batch_ends[1:] if len(t) > 1]
     step = float(np.median(inner)) if inner else float("nan")
-    _common.emit({
+    return {
         "in_epoch_step_seconds": step,
         "epoch_fixed_seconds": float(np.median(durations[1:])) - step * history.tfdist.steps_per_epoch,
         "epoch_seconds": float(np.median(durations[1:])),
@@ -97,7 +94,19 @@ def fit_child(spec: dict) -> None:
         "call_seconds": call,
         "steps_per_epoch": history.tfdist.steps_per_epoch,
         "rss_increase_bytes": rss_after - rss_before,
-    })
+    }
+
+
+def fit_child(spec: dict) -> None:
+    """The fit variant: the built-in model on the digits training split."""
+    _common.quiet_tensorflow()
+    from tfdist import data as data_mod
+    from tfdist import models
+
+    train, _ = data_mod.load_digits()
+    assert train.num_examples == SAMPLES, train.num_examples
+    builder = models.builder(spec["model"], input_shape=train.example_shape, num_classes=10, keras=spec["keras"])
+    _common.emit(timed_fit(builder, train, spec))
 
 
 def run_plan(spec: dict, *, samples: int = SAMPLES, extra: tuple[str, ...] = ()) -> dict:
@@ -160,15 +169,15 @@ def main() -> None:
             print(f"  {config} rep {rep} {variant:8s}: epoch {r['epoch_seconds']:.3f} s{extra}, "
                   f"process {r['process_seconds']:.1f} s", flush=True)
         assert runs["plan"][0]["steps_per_epoch"] == runs["fit"][0]["steps_per_epoch"], runs
-        ratio = _common.summary([pl["epoch_seconds"] / f["epoch_seconds"] for pl, f in zip(runs["plan"], runs["fit"])])
+        ratio = _common.paired(runs["fit"], runs["plan"], "epoch_seconds")
         first = _common.summary([pl["epoch_seconds"] / f["first_epoch_seconds"] for pl, f in zip(runs["plan"], runs["fit"])])
-        predicted = _common.summary([r["epoch_seconds"] for r in runs["plan"]])
-        measured = _common.summary([r["epoch_seconds"] for r in runs["fit"]])
-        first_epoch = _common.summary([r["first_epoch_seconds"] for r in runs["fit"]])
-        rss = _common.summary([r["rss_increase_bytes"] for r in runs["fit"]])
-        fit_step = _common.summary([r["in_epoch_step_seconds"] for r in runs["fit"]])
+        predicted = _common.summary_of(runs["plan"], "epoch_seconds")
+        measured = _common.summary_of(runs["fit"], "epoch_seconds")
+        first_epoch = _common.summary_of(runs["fit"], "first_epoch_seconds")
+        rss = _common.summary_of(runs["fit"], "rss_increase_bytes")
+        fit_step = _common.summary_of(runs["fit"], "in_epoch_step_seconds")
         plan_step = _common.summary([r["step_time"] * spec["accum"] for r in runs["plan"]])
-        fixed = _common.summary([r["epoch_fixed_seconds"] for r in runs["fit"]])
+        fixed = _common.summary_of(runs["fit"], "epoch_fixed_seconds")
         peak = _common.summary([r["measured_peak_bytes"] or 0 for r in runs["plan"]])
         static = runs["plan"][0]["static_bytes"]
         results[config] = {"spec": spec, "runs": runs, "ratio": ratio, "ratio_first_epoch": first,

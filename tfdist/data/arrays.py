@@ -73,6 +73,11 @@ class ArraySource:
     def nbytes(self) -> int:
         return int(self.x.nbytes + self.y.nbytes)
 
+    @property
+    def example_bytes(self) -> int:
+        """Bytes of one example and its label."""
+        return int(self.x[:1].nbytes + self.y[:1].nbytes)
+
     def fingerprint(self) -> str:
         if self._fingerprint is None:
             self._fingerprint = hash_arrays(self.x, self.y)

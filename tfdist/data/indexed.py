@@ -54,6 +54,11 @@ class IndexedSource:
     def example_shape(self) -> tuple[int, ...]:
         return tuple(self._x_spec[1])
 
+    @property
+    def example_bytes(self) -> int:
+        """Bytes of one example and its label, as read."""
+        return int(sum(np.dtype(dtype).itemsize * int(np.prod(shape)) for dtype, shape in (self._x_spec, self._y_spec)))
+
     def fingerprint(self) -> str:
         """The data set's identity (name, split, files and their lengths) and its first and last examples."""
         digest = hashlib.sha256(json.dumps([self.name, self._num_examples, self._identity]).encode())

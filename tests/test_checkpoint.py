@@ -272,8 +272,12 @@ def test_a_failing_background_write_is_raised_and_earlier_checkpoints_stay(tmp_p
     calls = {"n": 0}
 
     def failing_sync(self):
+        # The first sync (restore) passes; the next, before the first save, reports that a write
+        # failed. (Failing a later one would be a fake: the write before it really succeeds, and
+        # TensorFlow's CheckpointManager then deletes the oldest checkpoint as `keep` says, from
+        # the write's callback in the background -- whether before the test looks is a race.)
         calls["n"] += 1
-        if calls["n"] > 2:  # the first syncs pass (restore), later ones report a failed write
+        if calls["n"] > 1:
             raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
         return real_sync(self)
 

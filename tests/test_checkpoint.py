@@ -158,6 +158,18 @@ def _fit(directory, data=None, **kwargs):
     return tfdist.fit(_tiny, data if data is not None else (_X, _Y), **options)
 
 
+def test_an_error_inside_fit_lets_the_save_in_flight_finish_before_it_propagates(tmp_path):
+    # A callback fails right after the background save of step 9 started: when the error reaches
+    # the caller, that checkpoint is complete, so a fit called next in this process resumes there.
+    from tfdist.checkpoint import layout
+
+    with pytest.raises(_Crash):
+        _fit(tmp_path, callbacks=[_crash_at(9)], batch_size=4, epochs=1)
+    paths = layout.checkpoint_paths(str(tmp_path))
+    assert paths and layout.step_of(paths[-1]) == 9
+    assert not [name for name in os.listdir(tmp_path) if "_temp" in name]
+
+
 def test_steps_per_execution_above_one_resumes_exactly(tmp_path):
     reference = _fit(tmp_path / "ref")
     with pytest.raises(_Crash):

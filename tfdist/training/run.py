@@ -383,9 +383,22 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
                 "(tfdist launch does it); the run resumes from its last checkpoint."
             ) from e
         raise
+    except BaseException:  # a failing callback, Ctrl-C, bad data: the save in flight is finished first
+        if checkpointer is not None:
+            _finish_saves(checkpointer)
+        raise
     if checkpointer is not None:
         checkpointer.close()
     return history
+
+
+def _finish_saves(checkpointer: Checkpointer) -> None:
+    """Lets a background save finish after training failed, so that the next ``fit`` in this
+    process finds it; a failure of its own is logged, not raised over the training's error."""
+    try:
+        checkpointer.close()
+    except Exception as e:  # noqa: BLE001 -- the training's error is the one to report
+        log.warning("the checkpoint being written when training failed was not completed: %s", describe(e))
 
 
 __all__ = ["fit", "FitSummary"]

@@ -345,8 +345,7 @@ def e2e_step(spec: dict) -> dict:
         adapter.prepare(model, sample=(x[:32], y[:32]), grad_accum_steps=1)
         metadata = layout.latest_metadata(directory)
         ck = ckpt_mod.Checkpointer(
-            options=ckpt_mod.CheckpointOptions(directory=directory, keep=1), model=model,
-            state=adapter.state(model), strategy=strategy, is_chief=True, task_name="chief:0",
+            options=ckpt_mod.CheckpointOptions(directory=directory, keep=1), state=adapter.state(model), strategy=strategy, is_chief=True, task_name="chief:0",
             run_metadata=metadata.run(),
         )
         assert ck.restore().global_step == 10
@@ -355,17 +354,31 @@ def e2e_step(spec: dict) -> dict:
         return {"mode": "move", "latest": layout.checkpoint_paths(directory)[-1]}
     marks = {}
 
+    class Interrupted(Exception):
+        pass
+
     class Stop(tf_keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):  # logs arrive as NumPy: the step has finished
             if "first" not in marks:
                 marks["first"] = time.perf_counter()
-            if spec["mode"] == "resume" or batch + 1 >= 10:
+            if spec["mode"] == "resume":
                 self.model.stop_training = True
+            elif batch + 1 >= 10:
+                # An exception, as a killed run: a callback's stop_training would mark the run
+                # complete (EarlyStopping), and a resume would then train nothing.
+                raise Interrupted()
 
     source = data_mod.ArraySource(x, y)
     start = time.perf_counter()
-    history = tfdist.fit(builder, source, epochs=1, batch_size=spec["batch"], strategy="one_device", seed=0,
-                         verbose=0, callbacks=[Stop()], checkpoint_dir=directory, save_every_steps=10)
+    options = dict(epochs=1, batch_size=spec["batch"], strategy="one_device", seed=0, verbose=0, callbacks=[Stop()],
+                   checkpoint_dir=directory, save_every_steps=10)
+    if spec["mode"] == "create":
+        try:
+            tfdist.fit(builder, source, **options)
+        except Interrupted:
+            pass
+        return {"mode": "create", "global_step": layout.latest_metadata(directory).global_step}
+    history = tfdist.fit(builder, source, **options)
     return {"mode": spec["mode"], "start_step": history.tfdist.start_step,
             "global_step": history.tfdist.global_step, "to_first_step": marks["first"] - start,
             "call_seconds": time.perf_counter() - start}
@@ -435,9 +448,9 @@ def main() -> None:
             # Quick mode uses "cnn" (a few hundred kB): it only checks the code runs.
             a = saves(workdir, reps=1 if quick else 5, model_name="cnn" if quick else "wide")
             results["a_c"] = a
-            blocked = {m: _common.summary([r["blocked"] for r in a["runs"][m]]) for m in ("sync", "async")}
-            complete = {m: _common.summary([r["complete"] for r in a["runs"][m]]) for m in ("sync", "async", "raw")}
-            durable = {m: _common.summary([r["durable"] for r in a["runs"][m]]) for m in ("sync", "async", "raw")}
+            blocked = {m: _common.summary_of(a["runs"][m], "blocked") for m in ("sync", "async")}
+            complete = {m: _common.summary_of(a["runs"][m], "complete") for m in ("sync", "async", "raw")}
+            durable = {m: _common.summary_of(a["runs"][m], "durable") for m in ("sync", "async", "raw")}
             ratio = _common.summary([x["blocked"] / s["complete"] for s, x in zip(a["runs"]["sync"], a["runs"]["async"])])
             size = a["checkpoint_bytes"]
             results["a"] = {"blocked": blocked, "complete": complete, "durable": durable, "async_over_sync": ratio}
@@ -464,11 +477,11 @@ def main() -> None:
             plain = {k: _common.summary([r["bytes"] / r[k] for r in a["runs"]["write"]]) for k in ("complete", "durable")}
             plain_ratio = _common.summary([(w["bytes"] / w["durable"]) / (r["bytes"] / r["durable"])
                                            for w, r in zip(a["runs"]["write"], a["runs"]["raw"])])
-            delete = _common.summary([r["delete"] for r in a["runs"]["raw"]])
+            delete = _common.summary_of(a["runs"]["raw"], "delete")
             results["c"]["plain_write_bytes_per_second"] = plain
             results["c"]["plain_write_over_disk_durable"] = plain_ratio
             results["c"]["delete_seconds"] = delete
-            written = {m: _common.summary([r["written"] for r in a["runs"][m]]) for m in ("sync", "async")}
+            written = {m: _common.summary_of(a["runs"][m], "written") for m in ("sync", "async")}
             results["c"]["written_seconds"] = written
             rows.append(("(c) save bandwidth / disk write bandwidth, durable: checkpoint written (files complete, "
                          "before the oldest checkpoint is deleted) + fsync / os.write + fsync, async save (the default)",
@@ -513,7 +526,7 @@ def main() -> None:
                           f"{' '.join(f'{t:.2f}' for t in r['turn_seconds'])} s, waits for writes "
                           f"{sum(r['write_wait_seconds']):.3f} s", flush=True)
             loss = _common.summary([1 - s["steps_per_second"] / n["steps_per_second"] for n, s in zip(runs["none"], runs["save"])])
-            sps = {v: _common.summary([r["steps_per_second"] for r in runs[v]]) for v in runs}
+            sps = {v: _common.summary_of(runs[v], "steps_per_second") for v in runs}
             waits = _common.summary([w for r in runs["save"] for w in r["write_wait_seconds"]])
             # Extra training time per save: (time of a stretch with a save - without) per repetition.
             per_save = _common.summary([(sum(s["turn_seconds"]) - sum(n["turn_seconds"])) / len(s["turn_seconds"])
@@ -567,9 +580,8 @@ def main() -> None:
             far = 10_000 if quick else 100_000
             e = e2e(workdir, reps=1 if quick else 3, far=far, batch=32, quick=quick)
             results["e"] = e
-            first = {k: _common.summary([r["to_first_step"] for r in v]) for k, v in e["runs"].items()}
-            ratio = _common.summary([b["to_first_step"] / a["to_first_step"]
-                                     for a, b in zip(e["runs"]["10"], e["runs"][str(far)])])
+            first = {k: _common.summary_of(v, "to_first_step") for k, v in e["runs"].items()}
+            ratio = _common.paired(e["runs"]["10"], e["runs"][str(far)], "to_first_step")
             results["e"]["summary"] = first
             results["e"]["ratio"] = ratio
             rows.append((f"(e) end-to-end `tfdist.fit` resume latency (call -> first step done), checkpoint at step "

@@ -297,8 +297,7 @@ def main() -> None:
             rows[keras] += config_rows
         if len(kerases) == 2:
             # Both Kerases' processes ran in the same lockstep rounds: their step times compare too.
-            cross = {v: _common.summary([k3["step_seconds"] / k2["step_seconds"]
-                                         for k2, k3 in zip(runs["2"][v], runs["3"][v])]) for v in ("plain", "tfdist")}
+            cross = {v: _common.paired(runs["2"][v], runs["3"][v], "step_seconds") for v in ("plain", "tfdist")}
             results[config]["keras3_over_tf_keras"] = cross
             rows["3"].append((
                 "Keras 3 / tf_keras", f"{model}, batch {batch}: step time of a Keras 3 model / the tf_keras model "

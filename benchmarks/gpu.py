@@ -396,8 +396,7 @@ def part_a(run: Run) -> None:
             f"({_common.summary_of(ours, 'examples_per_second')['median']:,.0f} examples/s)",
             f"≤ {TARGET_OVERHEAD}", run.verdict(ratio["median"], TARGET_OVERHEAD)))
     for precision in PRECISIONS[1:]:
-        speedup = _common.summary([f["step_seconds"] / m["step_seconds"]
-                                   for f, m in zip(runs["tfdist float32"], runs[f"tfdist {precision}"])])
+        speedup = _common.paired(runs[f"tfdist {precision}"], runs["tfdist float32"], "step_seconds")
         scale = [r["loss_scale"] for r in runs[f"tfdist {precision}"] if r.get("loss_scale") is not None]
         losses = [r["loss"] for r in runs[f"tfdist {precision}"]]
         run.results["a"][precision]["speedup"] = speedup
@@ -493,8 +492,8 @@ def part_c(run: Run, script: str, every_steps: int | None) -> None:
     reps = 1 if run.quick else 5
     a = _common.run_child(script, {"part": "saves", "dir": run.workdir, "reps": reps, "model": model,
                                    "device": run.device}, timeout=1800)
-    blocked = {m: _common.summary([r["blocked"] for r in a["runs"][m]]) for m in ("sync", "async")}
-    complete = _common.summary([r["complete"] for r in a["runs"]["async"]])
+    blocked = {m: _common.summary_of(a["runs"][m], "blocked") for m in ("sync", "async")}
+    complete = _common.summary_of(a["runs"]["async"], "complete")
     ratio = _common.summary([x["blocked"] / s["complete"] for s, x in zip(a["runs"]["sync"], a["runs"]["async"])])
     run.results["c_saves"] = dict(a, blocked=blocked, ratio=ratio)
     run.rows.append((
@@ -517,7 +516,7 @@ def part_c(run: Run, script: str, every_steps: int | None) -> None:
             runs[variant].append(r)
             print(f"  (c) rep {rep} {variant:4s}: {r['steps_per_second']:.1f} steps/s", flush=True)
     loss = _common.summary([1 - s["steps_per_second"] / n["steps_per_second"] for n, s in zip(runs["none"], runs["save"])])
-    sps = {v: _common.summary([r["steps_per_second"] for r in runs[v]]) for v in runs}
+    sps = {v: _common.summary_of(runs[v], "steps_per_second") for v in runs}
     run.results["c_throughput"] = {"spec": spec, "runs": runs, "loss": loss}
     seconds = spec["every"] / sps["none"]["median"]
     run.rows.append((

@@ -266,8 +266,7 @@ def main() -> None:
         results[KERAS_LABELS[keras]] = {"runs": r, "step_seconds": step, "ratio": ratio, "baseline": baseline}
         rows += _rows_tf_keras(step, ratio, what) if keras == "2" else _rows_keras3(plain_fit, step, ratio, what)
     if len(kerases) == 2:
-        cross = _common.summary([k3["step_seconds"] / k2["step_seconds"]
-                                 for k2, k3 in zip(runs["2"]["plain"], runs["3"]["tfdist"])])
+        cross = _common.paired(runs["2"]["plain"], runs["3"]["tfdist"], "step_seconds")
         results["keras3_tfdist_over_tf_keras_plain"] = cross
         rows.append(("Keras 3 / tf_keras", f"{what}: step time tfdist with a Keras 3 model / plain tf_keras `model.fit`",
                      _common.fmt_ratio(cross), "(information)", "–"))

@@ -198,13 +198,13 @@ def main() -> None:
             _common.verdict(abs(err), TARGET),
         ))
         if "plan K=1" in runs:
-            diag = _common.summary([pl["epoch_seconds"] / f["epoch_seconds"] for pl, f in zip(runs["plan K=1"], runs["fit"])])
-            diag_pred = _common.summary([r["epoch_seconds"] for r in runs["plan K=1"]])
+            diag = _common.paired(runs["fit"], runs["plan K=1"], "epoch_seconds")
+            diag_pred = _common.summary_of(runs["plan K=1"], "epoch_seconds")
             results[config]["ratio_plan_one_batch"] = diag
             rows.append((
                 f"↳ diagnostic: plan of the same global batch {spec['micro'] * spec['accum']} as one micro batch (K = 1)",
                 f"{_common.fmt(diag_pred, 1e3, ' ms')}", "(same fit)", f"{_common.fmt_ratio(diag)} ({diag['median'] - 1:+.0%})",
-                f"plan {_common.summary([r['step_time'] for r in runs['plan K=1']])['median'] * 1e3:.2f} ms", "–", "–",
+                f"plan {_common.summary_of(runs['plan K=1'], 'step_time')['median'] * 1e3:.2f} ms", "–", "–",
                 "(diagnostic)",
             ))
         print(f"{config}: predicted {_common.fmt(predicted, 1e3, ' ms')}, measured {_common.fmt(measured, 1e3, ' ms')}, "

@@ -48,7 +48,7 @@ callback of the model's Keras, or the loop's own clock around the same span; the
 epoch, with tracing and the cluster's start, is excluded); ratios are paired within a
 repetition.
 
-    python benchmarks/multi_worker_overhead.py [--keras {2,3,both}] [--quick] [--json PATH] [--markdown PATH]
+    python benchmarks/multi_worker_overhead.py [--keras {2,3,both}] [--reps N] [--quick] [--json PATH] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -232,6 +232,7 @@ def _rows_keras3(plain_fit: dict, step: dict, ratio: dict, what: str) -> list:
 def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     _common.add_keras_option(p)
+    p.add_argument("--reps", type=int, default=None, help="repetitions per variant (default 4; --quick 1)")
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -240,6 +241,10 @@ def main() -> None:
     kerases = KERAS_CHOICES[args.keras]
     info = _common.machine()
     model, batch, epochs, reps = ("mlp", 64, 3, 1) if quick else ("cnn", 64, 12, 4)
+    if args.reps is not None:
+        if args.reps < 1:
+            p.error(f"--reps must be at least 1; received {args.reps}. Fix: pass a positive count, e.g. --reps 8")
+        reps = args.reps
     base = {"model": model, "batch": batch, "epochs": epochs}
     plain_fit = None
     if "3" in kerases:
@@ -276,7 +281,8 @@ def main() -> None:
         notes.append("Plain Keras 3 `model.fit` was tried once, with the tf_keras plain variant's code; Keras 3's "
                      "baseline is the hand-written loop of the script's docstring.")
     command = " ".join(["python benchmarks/multi_worker_overhead.py", *(["--quick"] if quick else []),
-                        *([f"--keras {args.keras}"] if args.keras != "both" else [])])
+                        *([f"--keras {args.keras}"] if args.keras != "both" else []),
+                        *([f"--reps {args.reps}"] if args.reps is not None else [])])
     _common.finish(title="multi-worker fit overhead: tfdist.fit vs plain, "
                    f"{' and '.join(KERAS_LABELS[k] for k in kerases)} (multi_worker_mirrored, 2 local workers, CPU, "
                    "digits)", info=info, command=command, results=results, rows=rows,

@@ -313,7 +313,7 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
         train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True))
     else:
         train = strat.distribute_datasets_from_function(
-            data_mod.dataset_fn(shape.source, plan, start_step=start_step, stop_step=plan.total_steps)
+            _endless(data_mod.dataset_fn(shape.source, plan, start_step=start_step, stop_step=plan.total_steps))
         )
     if shape.validation is None:
         return train, None, None
@@ -322,6 +322,22 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
     if traits.coordinated:
         validation = adapter.validation_for_workers(validation)
     return train, validation, steps
+
+
+def _endless(dataset_fn):
+    """``dataset_fn`` whose dataset TensorFlow takes for an endless one; the loops read exactly
+    the run's steps from it, and a read past its end fails loudly.
+
+    Under multi_worker_mirrored a finite dataset makes TensorFlow handle partial batches: every
+    ``next()`` becomes ``get_next_as_optional`` plus an all-reduce between the workers, and the
+    batch dimension turns unknown (``tensorflow/python/distribute/input_lib.py``,
+    ``_enable_get_next_as_optional``). tfdist's batches are always whole, so that is pure cost."""
+    import tensorflow as tf
+
+    def make(input_context=None):
+        return dataset_fn(input_context).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+
+    return make
 
 
 # --- 6. run ------------------------------------------------------------------------------------

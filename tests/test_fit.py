@@ -165,3 +165,20 @@ def test_mirrored_and_central_storage_on_two_logical_cpus(procs):
     assert result["accum_micro"] == 16 and result["accum_maxdiff"] < 1e-5
     assert result["mp"]["optimizer"].startswith("LossScaleOptimizer") and result["mp"]["replicas"] == 2
     assert np.isfinite(result["mp"]["loss"])
+
+
+def test_the_training_dataset_is_endless_to_tensorflow_and_a_read_past_its_end_fails():
+    # A finite dataset makes multi_worker_mirrored add an all-reduce to every next() (partial-batch handling).
+    import tensorflow as tf
+
+    from tfdist.training.run import _endless
+
+    seen = []
+    make = _endless(lambda input_context=None: seen.append(input_context) or tf.data.Dataset.range(3))
+    dataset = make("context")
+    assert seen == ["context"]
+    assert int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    iterator = iter(dataset)
+    assert [int(next(iterator)) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(tf.errors.FailedPreconditionError, match="infinite"):
+        next(iterator)

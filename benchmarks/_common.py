@@ -268,6 +268,25 @@ def add_keras_option(p: argparse.ArgumentParser) -> None:
                    help="which Keras the models are built with: 2 (tf_keras), 3 (Keras 3) or both (default)")
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1; received {text!r}. "
+                                         "Fix: pass a positive count, e.g. 8")
+    return value
+
+
+def add_reps_option(p: argparse.ArgumentParser, *, default: int, flag: str = "--reps",
+                    what: str = "repetitions per variant", small: str = "--quick") -> None:
+    """``--reps N`` (or ``flag``): how many repetitions a benchmark runs; None when not given
+    (the script's ``default``, or 1 under ``small``)."""
+    p.add_argument(flag, type=_count, default=None, help=f"{what} (default {default}; {small} 1)")
+
+
 def keras_variant(keras: str, variant: str) -> str:
     """A variant's name with its Keras, e.g. ``Keras 3 tfdist``."""
     return f"{KERAS_LABELS[keras]} {variant}"

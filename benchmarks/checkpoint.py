@@ -345,8 +345,8 @@ def e2e_step(spec: dict) -> dict:
         adapter.prepare(model, sample=(x[:32], y[:32]), grad_accum_steps=1)
         metadata = layout.latest_metadata(directory)
         ck = ckpt_mod.Checkpointer(
-            options=ckpt_mod.CheckpointOptions(directory=directory, keep=1), state=adapter.state(model), strategy=strategy, is_chief=True, task_name="chief:0",
-            run_metadata=metadata.run(),
+            options=ckpt_mod.CheckpointOptions(directory=directory, keep=1), state=adapter.state(model),
+            strategy=strategy, is_chief=True, task_name="chief:0", run_metadata=metadata.run(),
         )
         assert ck.restore().global_step == 10
         ck.save(global_step=spec["far"], epoch=0, step_in_epoch=spec["far"], history=metadata.history)
@@ -425,7 +425,7 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="directory for checkpoints (default: a temporary one under /tmp)")
     p.add_argument("--every", type=int, default=None, help="(b) save every N steps (default 100; --quick 20)")
     p.add_argument("--parts", default="abcde", help="which parts to run (default abcde; c runs with a)")
-    p.add_argument("--b-reps", type=int, default=None, help="(b) lockstep repetitions (default 3; --quick 1)")
+    _common.add_reps_option(p, default=3, flag="--b-reps", what="(b) lockstep repetitions")
     p.add_argument("--b-warmup", type=int, default=2,
                    help="(b) stretches with a save left untimed first: one-time costs of a process's first async saves")
     args = p.parse_args()

@@ -237,7 +237,7 @@ def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--gb", type=float, default=None, help="size of the generated data set (default 4; quick 0.1)")
     p.add_argument("--data-dir", default="/tmp/tfdist-data-scale", help="where the data is generated once and reused")
-    p.add_argument("--reps", type=int, default=None, help="repetitions of each variant (default 3; quick 1)")
+    _common.add_reps_option(p, default=3)
     p.add_argument("--parts", default="abcde", help="which parts to run (default abcde)")
     args = p.parse_args()
     if args.child:

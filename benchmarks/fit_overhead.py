@@ -265,7 +265,7 @@ def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=None,
                    help=f"MODEL:BATCH:EPOCHS triples (default {' '.join(DEFAULT_CONFIGS)}; --quick cnn:32:3)")
-    p.add_argument("--reps", type=int, default=None, help="repetitions per variant (default 4; --quick 1)")
+    _common.add_reps_option(p, default=4)
     p.add_argument("--timer", choices=("epoch", "batch"), default="epoch")
     _common.add_keras_option(p)
     args = p.parse_args()

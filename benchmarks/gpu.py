@@ -629,7 +629,7 @@ def main() -> int:
     p.add_argument("--allow-cpu", action="store_true",
                    help="without a GPU, run every part on the CPU with tiny sizes (tests the script; numbers meaningless)")
     p.add_argument("--parts", default="abcde", help="which parts to run (default abcde)")
-    p.add_argument("--reps", type=int, default=None, help="lockstep repetitions (default 3; --quick and --allow-cpu 1)")
+    _common.add_reps_option(p, default=3, what="lockstep repetitions", small="--quick and --allow-cpu")
     p.add_argument("--logical-gpus", type=int, default=2, help="(b) with one physical GPU: logical GPUs carved from it")
     p.add_argument("--logical-gpu-memory", type=int, default=6144, metavar="MB", help="(b) memory of each logical GPU")
     p.add_argument("--every", type=int, default=None, help="(c) save every N steps (default 2000; --quick 200)")

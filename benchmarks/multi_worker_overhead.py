@@ -232,7 +232,7 @@ def _rows_keras3(plain_fit: dict, step: dict, ratio: dict, what: str) -> list:
 def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     _common.add_keras_option(p)
-    p.add_argument("--reps", type=int, default=None, help="repetitions per variant (default 4; --quick 1)")
+    _common.add_reps_option(p, default=4)
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -241,10 +241,7 @@ def main() -> None:
     kerases = KERAS_CHOICES[args.keras]
     info = _common.machine()
     model, batch, epochs, reps = ("mlp", 64, 3, 1) if quick else ("cnn", 64, 12, 4)
-    if args.reps is not None:
-        if args.reps < 1:
-            p.error(f"--reps must be at least 1; received {args.reps}. Fix: pass a positive count, e.g. --reps 8")
-        reps = args.reps
+    reps = args.reps or reps
     base = {"model": model, "batch": batch, "epochs": epochs}
     plain_fit = None
     if "3" in kerases:

@@ -138,7 +138,7 @@ def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=None,
                    help=f"MODEL:MICRO_BATCH:ACCUM:EPOCHS (default {' '.join(DEFAULT_CONFIGS)})")
-    p.add_argument("--reps", type=int, default=None, help="repetitions per variant (default 3; --quick 1)")
+    _common.add_reps_option(p, default=3)
     p.add_argument("--keras", choices=("3", "2"), default="3",
                    help="the Keras that plans and trains: 3 (Keras 3, tfdist's own loop; default) or 2 (tf_keras)")
     args = p.parse_args()

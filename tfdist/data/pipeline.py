@@ -212,8 +212,7 @@ def _array_dataset_fn(source: ArraySource | IndexedSource, plan: DataPlan, *, st
         steps = steps_per_read(source.example_bytes * length)
 
         def read(indices):  # [steps, local replicas, per replica] -> the examples, in that shape
-            x, y = gather(tf.reshape(indices, [-1]))
-            return tuple(_unflatten(t, indices) for t in (x, y))
+            return tf.nest.map_structure(lambda t: _unflatten(t, indices), gather(tf.reshape(indices, [-1])))
 
         ds = epochs.flat_map(epoch_dataset).batch(steps)
         return ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch().unbatch()
@@ -233,7 +232,7 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
         per_replica = sizes.per_replica_batch_size
         first_step = start_step + step_offset
         first_epoch = first_step // spe
-        stream = source.dataset.map(lambda *e: tuple(e[:2]))
+        stream = source.dataset
 
         def cut(t):
             return tf.reshape(t[offset:offset + length], tf.concat([[local_replicas, per_replica], tf.shape(t)[1:]], 0))
@@ -249,7 +248,7 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
             end = (epoch + 1) * spe if stop is None else min((epoch + 1) * spe, stop)
             batches = batches.skip(begin - epoch * spe)  # O(position): the documented cost of a stream
             batches = batches.take(max(0, end - begin)).shard(step_stride, 0)
-            return batches.map(lambda x, y: (cut(x), cut(y))).unbatch()
+            return batches.map(lambda *element: tf.nest.map_structure(cut, element)).unbatch()
 
         # Parameter servers run on past the end: cycle through the run's epochs again.
         final = last_epoch if last_epoch is not None else first_epoch + plan.epochs - 1
@@ -282,7 +281,7 @@ def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) 
         ds = source.records_dataset(0, source.num_records).batch(batch_size).map(
             source._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     else:
-        ds = source.dataset.map(lambda *e: tuple(e[:2])).batch(batch_size)
+        ds = source.dataset.batch(batch_size)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -1,10 +1,10 @@
-"""A user's ``tf.data.Dataset`` of unbatched ``(x, y)``: the fallback source, with its costs stated."""
+"""A user's ``tf.data.Dataset`` of unbatched ``(x, y)`` (or ``(x, y, sample_weight)``): the fallback source, with its costs stated."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,7 +29,7 @@ COSTS = (
 
 
 class StreamSource:
-    """A user ``tf.data.Dataset`` of unbatched ``(x, y)`` examples, read in order."""
+    """A user ``tf.data.Dataset`` of unbatched ``(x, y)`` or ``(x, y, sample_weight)`` examples, read in order."""
 
     index_addressable = False
 
@@ -39,12 +39,13 @@ class StreamSource:
         spec = dataset.element_spec
         if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
             raise DataError(
-                f"a tf.data.Dataset for tfdist must yield (x, y) pairs; received elements of spec {spec}. "
-                "Fix: map it to (features, label) tuples, unbatched."
+                f"a tf.data.Dataset for tfdist must yield (x, y) or (x, y, sample_weight) tuples; received elements of "
+                f"spec {spec}. Fix: map it to (features, label) tuples, unbatched."
             )
-        if spec[0].shape.rank is not None and spec[0].shape.rank > 0 and spec[0].shape[0] is None:
+        first = tf.nest.flatten(spec[0])[0]
+        if first.shape.rank is not None and first.shape.rank > 0 and first.shape[0] is None:
             raise DataError(
-                f"the dataset looks batched (x has shape {spec[0].shape}); tfdist batches it itself. "
+                f"the dataset looks batched (x has shape {first.shape}); tfdist batches it itself. "
                 "Fix: pass the dataset before .batch(), or call .unbatch() on it."
             )
         self.dataset = dataset
@@ -60,15 +61,19 @@ class StreamSource:
         return self._num_examples
 
     @property
-    def example_shape(self) -> tuple[int | None, ...]:
-        return tuple(self.dataset.element_spec[0].shape)
+    def example_shape(self) -> Any:
+        import tensorflow as tf
+
+        return tf.nest.map_structure(lambda s: tuple(s.shape), self.dataset.element_spec[0])
 
     def fingerprint(self) -> str:
         """Element spec, length and the first ``FINGERPRINT_ELEMENTS`` elements (a full hash would be a full pass)."""
+        import tensorflow as tf
+
         if self._fingerprint is None:
             digest = hashlib.sha256(repr(self.dataset.element_spec).encode() + repr(self._num_examples).encode())
             for element in self.dataset.take(FINGERPRINT_ELEMENTS).as_numpy_iterator():
-                digest.update(hash_arrays(*[np.asarray(a) for a in element]).encode())
+                digest.update(hash_arrays(*[np.asarray(a) for a in tf.nest.flatten(element)]).encode())
             self._fingerprint = digest.hexdigest()[:16]
         return self._fingerprint
 
@@ -81,6 +86,6 @@ class StreamSource:
         log.info("counting the batches of the dataset (its length is unknown): a full pass; pass steps_per_epoch to skip it")
         return int(self.dataset.batch(global_batch, drop_remainder=True).reduce(np.int64(0), lambda n, _: n + 1))
 
-    def sample(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        x, y = next(iter(self.dataset.map(lambda *e: e[:2]).batch(count).take(1).as_numpy_iterator()))
-        return x, y
+    def sample(self, count: int) -> tuple:
+        """The first ``count`` examples, batched: ``(x, y)`` or ``(x, y, sample_weight)``."""
+        return next(iter(self.dataset.batch(count).take(1).as_numpy_iterator()))

@@ -1,4 +1,5 @@
-"""In-memory examples ``(x, y)``: NumPy arrays addressed by index, never copied into a graph needlessly."""
+"""In-memory examples ``(x, y)`` or ``(x, y, sample_weight)``: NumPy arrays (one per part, or a dict
+or list of them) addressed by index, never copied into a graph needlessly."""
 
 from __future__ import annotations
 
@@ -37,54 +38,94 @@ def hash_arrays(*arrays: np.ndarray) -> str:
     return digest.hexdigest()[:16]
 
 
+def _as_arrays(value: Any) -> Any:
+    """``value`` as a nest of NumPy arrays: dicts and lists/tuples of arrays are several inputs (as
+    Keras reads them); anything else (an array, a tensor, a list of numbers) is one array."""
+    if isinstance(value, dict):
+        return {key: _as_arrays(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) or hasattr(v, "shape") for v in value):
+        return type(value)(_as_arrays(v) for v in value)
+    return np.asarray(value)
+
+
+def _named(element: tuple, parts: tuple[str, ...]) -> tuple:
+    """``element``'s structure holding each array's name, e.g. ``x['image']`` (for messages)."""
+
+    def walk(value: Any, name: str) -> Any:
+        if isinstance(value, dict):
+            return {key: walk(v, f"{name}[{key!r}]") for key, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(walk(v, f"{name}[{i}]") for i, v in enumerate(value))
+        return name
+
+    return tuple(walk(value, part) for value, part in zip(element, parts))
+
+
 class ArraySource:
-    """In-memory examples ``(x, y)``, addressable by index."""
+    """In-memory examples ``(x, y)`` or ``(x, y, sample_weight)``, addressable by index.
+
+    ``x`` (and ``y``) may be one array or a dict, list or tuple of arrays (a model with several
+    inputs or outputs); every array holds one row per example. ``sample_weight``, optional,
+    weighs each example's loss and metrics (Keras' third element).
+    """
 
     index_addressable = True
 
-    def __init__(self, x: Any, y: Any, *, name: str = "arrays"):
-        self.x = np.asarray(x)
-        self.y = np.asarray(y)
-        if self.x.ndim == 0 or self.y.ndim == 0 or len(self.x) != len(self.y):
-            raise DataError(
-                f"`data` must be (x, y) with one label per example; received x of shape {self.x.shape} and "
-                f"y of shape {self.y.shape}. Fix: pass arrays with the same first dimension."
-            )
-        if len(self.x) == 0:
-            raise DataError(f"`data` is empty; received {name} with 0 examples. Fix: pass at least one batch of examples.")
-        for label, array in (("x", self.x), ("y", self.y)):
-            if array.dtype == object:
-                raise DataError(
-                    f"`data` {label} must be a numeric array; received an array of Python objects from {name}. "
-                    f"Fix: convert {label} to a numeric dtype (np.asarray({label}, np.float32))."
-                )
+    def __init__(self, x: Any, y: Any, sample_weight: Any = None, *, name: str = "arrays"):
+        import tensorflow as tf
+
+        self.x, self.y = _as_arrays(x), _as_arrays(y)
+        self.sample_weight = None if sample_weight is None else _as_arrays(sample_weight)
         self.name = name
+        self._element = (self.x, self.y) if self.sample_weight is None else (self.x, self.y, self.sample_weight)
+        self._paths: list[str] = tf.nest.flatten(_named(self._element, ("x", "y", "sample_weight")))
+        self._leaves: list[np.ndarray] = tf.nest.flatten(self._element)
+        shapes = ", ".join(f"{path} of shape {leaf.shape}" for path, leaf in zip(self._paths, self._leaves))
+        if any(leaf.ndim == 0 for leaf in self._leaves) or len({len(leaf) for leaf in self._leaves}) != 1:
+            raise DataError(
+                f"`data` must be (x, y) or (x, y, sample_weight) with one row per example in every array; received "
+                f"{shapes}. Fix: pass arrays with the same first dimension."
+            )
+        if len(self._leaves[0]) == 0:
+            raise DataError(f"`data` is empty; received {name} with 0 examples. Fix: pass at least one batch of examples.")
+        for path, leaf in zip(self._paths, self._leaves):
+            if leaf.dtype == object:
+                raise DataError(
+                    f"`data` {path} must be a numeric array; received an array of Python objects from {name}. "
+                    f"Fix: convert it to a numeric dtype (np.asarray(..., np.float32))."
+                )
         self._fingerprint: str | None = None
 
     @property
     def num_examples(self) -> int:
-        return len(self.x)
+        return len(self._leaves[0])
 
     @property
-    def example_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
+    def example_shape(self) -> Any:
+        """The shape of one example's ``x`` (a nest of shapes for several inputs)."""
+        import tensorflow as tf
+
+        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), self.x)
 
     @property
     def nbytes(self) -> int:
-        return int(self.x.nbytes + self.y.nbytes)
+        return int(sum(leaf.nbytes for leaf in self._leaves))
 
     @property
     def example_bytes(self) -> int:
-        """Bytes of one example and its label."""
-        return int(self.x[:1].nbytes + self.y[:1].nbytes)
+        """Bytes of one example: its inputs, label and weight."""
+        return int(sum(leaf[:1].nbytes for leaf in self._leaves))
 
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = hash_arrays(self.x, self.y)
+            digest = hash_arrays(*self._leaves)
+            if self._paths != ["x", "y"]:  # one x and one y hash as they always have: their runs resume
+                digest = hashlib.sha256(f"{digest}{self._paths}".encode()).hexdigest()[:16]
+            self._fingerprint = digest
         return self._fingerprint
 
     def gather_fn(self, *, embed: bool = False) -> Callable[["tf.Tensor"], tuple]:
-        """``indices -> (x[indices], y[indices])`` for a dataset function.
+        """``indices -> (x[indices], y[indices][, sample_weight[indices]])`` for a dataset function.
 
         In-process pipelines (every synchronous strategy) gather from the NumPy arrays through
         ``tf.numpy_function``: no copy of the data, nothing in the graph. ``embed=True``
@@ -93,8 +134,7 @@ class ArraySource:
         """
         import tensorflow as tf
 
-        x_spec = tf.TensorSpec((None, *self.x.shape[1:]), tf.as_dtype(self.x.dtype))
-        y_spec = tf.TensorSpec((None, *self.y.shape[1:]), tf.as_dtype(self.y.dtype))
+        element, leaves = self._element, self._leaves
         if embed:
             if self.nbytes > MAX_EMBEDDED_BYTES:
                 raise DataError(
@@ -103,17 +143,20 @@ class ArraySource:
                     "Fix: write it as TFRecord files and pass tfdist.TFRecordSource(files, parse_fn), "
                     "or use a synchronous strategy."
                 )
-            x, y = tf.constant(self.x), tf.constant(self.y)
-            return lambda idx: (tf.gather(x, idx), tf.gather(y, idx))
-        xs, ys = self.x, self.y
+            constants = [tf.constant(leaf) for leaf in leaves]
+            return lambda idx: tf.nest.pack_sequence_as(element, [tf.gather(c, idx) for c in constants])
+        dtypes = [tf.as_dtype(leaf.dtype) for leaf in leaves]
 
         def gather(idx):
-            bx, by = tf.numpy_function(lambda i: (xs[i], ys[i]), [idx], (x_spec.dtype, y_spec.dtype), stateful=False)
-            bx.set_shape(idx.shape.concatenate(x_spec.shape[1:]))
-            by.set_shape(idx.shape.concatenate(y_spec.shape[1:]))
-            return bx, by
+            rows = tf.numpy_function(lambda i: [leaf[i] for leaf in leaves], [idx], dtypes, stateful=False)
+            for row, leaf in zip(rows, leaves):
+                row.set_shape(idx.shape.concatenate(leaf.shape[1:]))
+            return tf.nest.pack_sequence_as(element, rows)
 
         return gather
 
-    def sample(self, count: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.x[:count], self.y[:count]
+    def sample(self, count: int) -> tuple:
+        """The first ``count`` examples: ``(x, y)`` or ``(x, y, sample_weight)``, as given."""
+        import tensorflow as tf
+
+        return tf.nest.map_structure(lambda a: a[:count], self._element)

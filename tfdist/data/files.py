@@ -116,8 +116,9 @@ class TFRecordSource:
     Args:
       files: a glob (``"gs://bucket/train-*.tfrecord"``) or a list of paths and globs, on any
         TensorFlow filesystem (``tf.io.gfile``; ``ram://`` works).
-      parse_fn: ``parse_fn(serialized) -> (x, y)``: ``serialized`` is a 1-D string tensor of
-        records (one per-replica batch); return batched tensors (``tf.io.parse_example``).
+      parse_fn: ``parse_fn(serialized) -> (x, y)`` or ``(x, y, sample_weight)``: ``serialized``
+        is a 1-D string tensor of records (one per-replica batch); return batched tensors
+        (``tf.io.parse_example``), each ``x``/``y`` one tensor or a dict of them.
         It runs once per batch, on the records of that batch only.
       streams: ``S``; default: the replica count of the run's first run (recorded, and
         passed back on resume). Must divide the global batch.
@@ -188,9 +189,10 @@ class TFRecordSource:
         return self.num_records
 
     @property
-    def example_shape(self) -> tuple[int | None, ...]:
-        x, _ = self.sample(1)
-        return tuple(np.shape(x)[1:])
+    def example_shape(self) -> Any:
+        import tensorflow as tf
+
+        return tf.nest.map_structure(lambda a: tuple(np.shape(a)[1:]), self.sample(1)[0])
 
     def fingerprint(self) -> str:
         """File names (not directories: the data may move), sizes and record counts."""
@@ -218,9 +220,9 @@ class TFRecordSource:
 
     def _parse(self, serialized):
         out = self.parse_fn(serialized)
-        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        if not (isinstance(out, (tuple, list)) and len(out) in (2, 3)):
             raise DataError(
-                f"`parse_fn` must return (x, y); received {type(out).__name__}"
+                f"`parse_fn` must return (x, y) or (x, y, sample_weight); received {type(out).__name__}"
                 f"{f' of length {len(out)}' if isinstance(out, (tuple, list)) else ''}. "
                 "Fix: return a pair of batched tensors, e.g. (parsed['image'], parsed['label'])."
             )
@@ -231,7 +233,7 @@ class TFRecordSource:
 
         batch = min(2, self.num_records)
         try:
-            x, y = self._read_first(batch)
+            element = self._read_first(batch)
         except DataError:
             raise
         except (tf.errors.OpError, ValueError, TypeError, KeyError) as e:
@@ -239,14 +241,14 @@ class TFRecordSource:
                 f"`parse_fn` failed on the first records of {self.name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]}). "
                 "Fix: parse_fn receives a 1-D string tensor of serialized records; parse it with tf.io.parse_example."
             ) from None
-        for label, value in (("x", x), ("y", y)):
+        for label, value in zip(("x", "y", "sample_weight"), element):
             for leaf in tf.nest.flatten(value):
                 if np.ndim(leaf) < 1 or np.shape(leaf)[0] != batch:
                     raise DataError(
                         f"`parse_fn` must return batched tensors (first dimension = number of records); received {label} of "
                         f"shape {np.shape(leaf)} for {batch} records. Fix: use tf.io.parse_example (not parse_single_example)."
                     )
-        self._sample = (batch, (x, y))
+        self._sample = (batch, element)
 
     # --- layout --------------------------------------------------------------------------------------
 

@@ -143,12 +143,13 @@ def as_source(data: Any) -> Any:
         return load(data)[0]
     if isinstance(data, tf.data.Dataset):
         return StreamSource(data)
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        return ArraySource(data[0], data[1])
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        return ArraySource(*data)
     raise DataError(
-        f"unsupported `data`; received {type(data).__name__}. Fix: pass (x, y) NumPy arrays, "
-        "tfdist.TFRecordSource(files, parse_fn), an unbatched tf.data.Dataset of (x, y), or a name such as "
-        "'digits' or 'tfds:mnist'."
+        f"unsupported `data`; received {type(data).__name__}"
+        f"{f' of length {len(data)}' if isinstance(data, (tuple, list)) else ''}. Fix: pass (x, y) or "
+        "(x, y, sample_weight) NumPy arrays, tfdist.TFRecordSource(files, parse_fn), an unbatched tf.data.Dataset "
+        "of (x, y), or a name such as 'digits' or 'tfds:mnist'."
     )
 
 
@@ -156,6 +157,10 @@ def num_classes(train: Any, validation: Any = None) -> int:
     """The number of classes of labelled data: the largest label + 1 (arrays), else what the source declares."""
     if isinstance(train, ArraySource):
         labels = [s.y for s in (train, validation) if isinstance(s, ArraySource)]
+        nested = [y for y in labels if not isinstance(y, np.ndarray)]
+        if nested:
+            raise DataError("the number of classes of labels in several arrays is undefined; received y as a "
+                            f"{type(nested[0]).__name__}. Fix: pass one label array, shape (N,).")
         for y in labels:
             flat = y.reshape(len(y), -1)
             integral = np.issubdtype(y.dtype, np.integer) or (

@@ -9,8 +9,6 @@ import logging
 import types
 from typing import Any, Sequence
 
-import numpy as np
-
 from tfdist import _checks
 from tfdist.errors import ModelError
 from tfdist.training.keras_common import defined_in, merged_history, model_fingerprint, warn_low_precision_outputs
@@ -147,16 +145,17 @@ def random_generators(model) -> dict[str, Any]:
     return generators
 
 
-def build_state(model, sample: tuple[np.ndarray, np.ndarray]) -> None:
+def build_state(model, sample: tuple) -> None:
     """Creates the optimizer slots and the compiled loss and metric objects now (Keras creates
-    them at the first step), so that a checkpoint restores into them before training starts."""
+    them at the first step), so that a checkpoint restores into them before training starts.
+    ``sample``: one ``(x, y)`` or ``(x, y, sample_weight)`` batch, each a nest of arrays."""
     import tensorflow as tf
 
-    x, y = sample
+    x, y = (tf.nest.map_structure(tf.constant, part) for part in sample[:2])
     with model.distribute_strategy.scope():
-        y_pred = model(tf.constant(x), training=False)
+        y_pred = model(x, training=False)
         model.compiled_loss.build(y_pred)
-        model.compiled_metrics.build(y_pred, tf.constant(y))
+        model.compiled_metrics.build(y_pred, y)
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         if hasattr(optimizer, "build"):
             optimizer.build(model.trainable_variables)
@@ -201,13 +200,15 @@ def install_grad_accumulation(model, steps: int) -> None:
 
     def train_step(self, data):
         x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
-        split = lambda t: None if t is None else tf.reshape(t, tf.concat([[steps, -1], tf.shape(t)[1:]], 0))  # noqa: E731
-        xs, ys, ws = split(x), split(y), split(sample_weight)
+        split = lambda t: tf.reshape(t, tf.concat([[steps, -1], tf.shape(t)[1:]], 0))  # noqa: E731
+        xs, ys = tf.nest.map_structure(split, x), tf.nest.map_structure(split, y)
+        ws = None if sample_weight is None else tf.nest.map_structure(split, sample_weight)
         variables = self.trainable_variables
 
         def micro_step(i, total):
-            xi, yi = tf.gather(xs, i), tf.gather(ys, i)
-            wi = None if ws is None else tf.gather(ws, i)
+            pick = lambda t: tf.gather(t, i)  # noqa: E731
+            xi, yi = tf.nest.map_structure(pick, xs), tf.nest.map_structure(pick, ys)
+            wi = None if ws is None else tf.nest.map_structure(pick, ws)
             with tf.GradientTape() as tape:
                 y_pred = self(xi, training=True)
                 loss = self.compute_loss(xi, yi, y_pred, wi)

@@ -1,0 +1,258 @@
+"""Data with several inputs (a dict or list of arrays) and per-example sample weights, from every
+source, through both Kerases: gathered by index, weighted in training and validation, resumed exactly."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist import data
+from tfdist.data.arrays import hash_arrays
+from tfdist.errors import DataError
+
+from conftest import assert_bit_identical, base_env, checkpoint_tensors
+
+_RNG = np.random.RandomState(5)
+N = 192
+X = {"image": _RNG.rand(N, 4, 4, 1).astype(np.float32), "meta": _RNG.rand(N, 3).astype(np.float32)}
+Y = ((X["meta"].sum(1) + X["image"].mean((1, 2, 3))) * 1.9).astype(np.int64) % 3
+W = _RNG.uniform(0.2, 2.0, N).astype(np.float32)
+
+
+def build(keras_name: str = "keras", *, dropout: float = 0.2, synchronized: bool = False):
+    """A two-input functional model with BatchNormalization, dropout and a decaying learning rate."""
+
+    def make():
+        keras = __import__(keras_name)
+        image, meta = keras.Input((4, 4, 1), name="image"), keras.Input((3,), name="meta")
+        h = keras.layers.Concatenate()([keras.layers.Flatten()(image), meta])
+        h = keras.layers.Dense(16, use_bias=False)(h)
+        h = keras.layers.Activation("relu")(keras.layers.BatchNormalization(synchronized=synchronized)(h))
+        out = keras.layers.Dense(3)(keras.layers.Dropout(dropout)(h))
+        model = keras.Model({"image": image, "meta": meta}, out)
+        lr = keras.optimizers.schedules.ExponentialDecay(0.02, 10, 0.9)
+        model.compile(keras.optimizers.Adam(lr), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
+    return make
+
+
+def _fit(data_, keras_name="keras", *, model=None, **kwargs):
+    options = dict(epochs=2, batch_size=32, strategy="one_device", seed=4, deterministic=True, verbose=0)
+    options.update(kwargs)
+    return tfdist.fit(model or build(keras_name), data_, **options)
+
+
+# --- the sources -----------------------------------------------------------------------------------
+
+
+def test_arrays_of_several_inputs_and_weights_are_gathered_by_index_in_their_structure():
+    import tensorflow as tf
+
+    y2 = (Y, Y.astype(np.float32)[:, None])  # two outputs
+    source = data.as_source((X, y2, W))
+    assert source.num_examples == N and source.example_shape == {"image": (4, 4, 1), "meta": (3,)}
+    assert source.example_bytes == 4 * 16 + 4 * 3 + 8 + 4 + 4
+    idx = np.array([5, 0, 77])
+    for embed in (False, True):
+        x, (y_a, y_b), w = source.gather_fn(embed=embed)(tf.constant(idx))
+        assert sorted(x) == ["image", "meta"] and x["image"].shape == (3, 4, 4, 1)
+        np.testing.assert_array_equal(x["meta"], X["meta"][idx])
+        np.testing.assert_array_equal(y_a, Y[idx])
+        np.testing.assert_array_equal(y_b, y2[1][idx])
+        np.testing.assert_array_equal(w, W[idx])
+    x, y, w = source.sample(4)
+    np.testing.assert_array_equal(x["image"], X["image"][:4])
+    np.testing.assert_array_equal(w, W[:4])
+    # A list of inputs is several inputs too; a plain list of numbers is one array.
+    assert data.ArraySource([X["image"], X["meta"]], Y).example_shape == [(4, 4, 1), (3,)]
+    assert data.ArraySource([[1.0, 2.0], [3.0, 4.0]], [0, 1]).example_shape == (2,)
+
+
+def test_the_fingerprint_of_one_x_and_one_y_is_unchanged_and_names_count_for_several():
+    x, y = X["meta"], Y
+    # Checkpoints written before several inputs existed must still match their data on resume.
+    assert data.ArraySource(x, y).fingerprint() == hash_arrays(x, y)
+    renamed = {"image": X["image"], "extra": X["meta"]}
+    assert data.ArraySource(X, Y).fingerprint() != data.ArraySource(renamed, Y).fingerprint()
+    assert data.ArraySource(X, Y).fingerprint() != data.ArraySource(X, Y, W).fingerprint()
+
+
+def test_structured_data_with_a_wrong_row_count_or_type_names_the_array():
+    with pytest.raises(DataError, match=r"x\['meta'\] of shape \(9, 3\).*Fix: pass arrays with the same first dimension"):
+        data.ArraySource({"image": X["image"], "meta": np.zeros((9, 3))}, Y)
+    with pytest.raises(DataError, match=r"sample_weight of shape \(5,\)"):
+        data.as_source((X, Y, np.ones(5)))
+    with pytest.raises(DataError, match=r"x\['meta'\] must be a numeric array"):
+        data.ArraySource({"image": X["image"], "meta": np.array([None] * N)}, Y)
+    with pytest.raises(DataError, match=r"received tuple of length 4\. Fix: pass \(x, y\) or \(x, y, sample_weight\)"):
+        data.as_source((X, Y, W, W))
+    with pytest.raises(DataError, match=r"labels in several arrays.*received y as a dict"):
+        data.num_classes(data.ArraySource(X["meta"], {"a": Y}))
+
+
+def test_a_dataset_and_files_keep_the_sample_weight(tmp_path):
+    import tensorflow as tf
+
+    stream = data.StreamSource(tf.data.Dataset.from_tensor_slices((X, Y, W)))
+    assert stream.example_shape == {"image": (4, 4, 1), "meta": (3,)}
+    x, y, w = stream.sample(3)
+    np.testing.assert_array_equal(w, W[:3])
+    np.testing.assert_array_equal(x["meta"], X["meta"][:3])
+
+    files = _write_records(tmp_path)
+    source = data.TFRecordSource(files, _parse)
+    assert source.example_shape == {"image": (4, 4, 1), "meta": (3,)}
+    x, y, w = source.sample(5)
+    np.testing.assert_array_equal(w, W[:5])
+    np.testing.assert_array_equal(x["image"], X["image"][:5])
+
+
+def _write_records(directory) -> str:
+    import tensorflow as tf
+
+    def feature(values, kind):
+        return tf.train.Feature(**{kind: (tf.train.FloatList if kind == "float_list" else tf.train.Int64List)(
+            value=np.ravel(values).tolist())})
+
+    for part in range(2):
+        with tf.io.TFRecordWriter(str(directory / f"part-{part}.tfrecord")) as writer:
+            for i in range(part * N // 2, (part + 1) * N // 2):
+                example = tf.train.Example(features=tf.train.Features(feature={
+                    "image": feature(X["image"][i], "float_list"), "meta": feature(X["meta"][i], "float_list"),
+                    "label": feature(Y[i], "int64_list"), "weight": feature(W[i], "float_list")}))
+                writer.write(example.SerializeToString())
+    return str(directory / "part-*.tfrecord")
+
+
+def _parse(serialized):
+    import tensorflow as tf
+
+    f = tf.io.parse_example(serialized, {
+        "image": tf.io.FixedLenFeature([4, 4, 1], tf.float32), "meta": tf.io.FixedLenFeature([3], tf.float32),
+        "label": tf.io.FixedLenFeature([], tf.int64), "weight": tf.io.FixedLenFeature([], tf.float32)})
+    return {"image": f["image"], "meta": f["meta"]}, f["label"], f["weight"]
+
+
+# --- training ----------------------------------------------------------------------------------------
+
+
+def _initial_weights(keras_name: str):
+    """A callback of the model's Keras that records the trainable weights as training starts."""
+    keras = __import__(keras_name)
+
+    class Initial(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.weights = [v.numpy() for v in self.model.trainable_variables]
+
+    return Initial()
+
+
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_sample_weights_weigh_training_and_validation_from_every_source(tmp_path, keras_name):
+    import tensorflow as tf
+
+    zero = np.zeros(N, np.float32)
+    files = _write_records(tmp_path)
+
+    def zero_weights(serialized):
+        x, y, w = _parse(serialized)
+        return x, y, tf.zeros_like(w)
+
+    # Weight 0 on every example: no gradient, so no trainable weight moves, whatever the source.
+    for source in ((X, Y, zero), tf.data.Dataset.from_tensor_slices((X, Y, zero)),
+                   tfdist.TFRecordSource(files, zero_weights)):
+        initial = _initial_weights(keras_name)
+        trained = _fit(source, keras_name, epochs=1, callbacks=[initial])
+        after = [v.numpy() for v in trained.model.trainable_variables]
+        assert len(after) == 5  # dense kernel, gamma, beta, dense kernel and bias
+        for a, b in zip(after, initial.weights):
+            np.testing.assert_array_equal(a, b, err_msg=type(source).__name__)
+    # Validation weights count: doubling them doubles the validation loss of the same trained model.
+    initial = _initial_weights(keras_name)
+    once = _fit((X, Y, W), keras_name, epochs=1, validation_data=(X, Y, W), callbacks=[initial])
+    assert any(not np.array_equal(v.numpy(), b) for v, b in zip(once.model.trainable_variables, initial.weights))
+    twice = _fit((X, Y, W), keras_name, epochs=1, validation_data=(X, Y, 2 * W))
+    np.testing.assert_allclose(twice.history["val_loss"][0], 2 * once.history["val_loss"][0], rtol=1e-6)
+    assert twice.history["loss"] == once.history["loss"]
+
+
+@pytest.mark.parametrize("keras_name,accum", [("keras", 1), ("tf_keras", 2)])
+def test_a_two_input_weighted_run_killed_mid_epoch_resumes_bit_identically(tmp_path, keras_name, accum):
+    options = dict(epochs=2, grad_accum_steps=accum, validation_data=(X, Y, W), save_every_steps=4)
+    reference = _fit((X, Y, W), keras_name, checkpoint_dir=str(tmp_path / "ref"), **options)
+    with pytest.raises(_Crash):
+        _fit((X, Y, W), keras_name, checkpoint_dir=str(tmp_path / "int"), callbacks=[_crash_at(9, keras_name)], **options)
+    resumed = _fit((X, Y, W), keras_name, checkpoint_dir=str(tmp_path / "int"), **options)
+    assert resumed.tfdist.start_step == 8 and resumed.tfdist.global_step == 12
+    assert resumed.history == reference.history
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash_at(step: int, keras_name: str):
+    keras = __import__(keras_name)
+
+    class Crash(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1  # steps of this run, across epochs
+            if self.seen == step:
+                raise _Crash()
+
+    return Crash()
+
+
+# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: a fresh process.
+_MIRRORED = textwrap.dedent(
+    """
+    import json, os, sys
+    import tfdist
+    devices = tfdist.split_cpu(2)
+    import numpy as np
+    from test_data_structured import X, Y, W, build, _fit, _crash_at, _Crash
+    from conftest import checkpoint_tensors
+
+    # No dropout and synchronized statistics: two replicas then train as one device does.
+    root = sys.argv[1]
+    options = dict(epochs=2, validation_data=(X, Y, W), save_every_steps=4, model=build(dropout=0.0, synchronized=True))
+    one = _fit((X, Y, W), **options)
+    ref = _fit((X, Y, W), strategy="mirrored", devices=devices, checkpoint_dir=root + "/ref", **options)
+    try:
+        _fit((X, Y, W), strategy="mirrored", devices=devices, checkpoint_dir=root + "/int", callbacks=[_crash_at(7, "keras")],
+             **options)
+    except _Crash:
+        pass
+    resumed = _fit((X, Y, W), strategy="mirrored", devices=devices, checkpoint_dir=root + "/int", **options)
+    a, b = checkpoint_tensors(root + "/ref"), checkpoint_tensors(root + "/int")
+    out = {"replicas": ref.tfdist.num_replicas, "start": resumed.tfdist.start_step,
+           "same_history": resumed.history == ref.history, "one": one.history, "mirrored": ref.history,
+           "differ": sorted(k for k in a if k not in b or not np.array_equal(a[k], b[k])) + sorted(set(b) - set(a))}
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_mirrored_two_input_weighted_run_matches_one_device_and_resumes_bit_identically(procs, tmp_path):
+    import os
+
+    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.run([sys.executable, "-c", _MIRRORED, str(tmp_path)], timeout=280, env=environ)
+    assert code == 0, out[-3000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["replicas"] == 2 and result["start"] == 6
+    assert result["same_history"] and result["differ"] == []
+    for key, values in result["one"].items():  # the same global batches, weights and metrics as one device
+        atol = 1.5 / N if "accuracy" in key else 1e-5
+        np.testing.assert_allclose(result["mirrored"][key], values, rtol=1e-4, atol=atol, err_msg=key)

@@ -5,8 +5,9 @@ batches the uninterrupted run would have read, and reaches its position in bound
 
 Sources (what ``fit`` accepts as ``data``):
 
-* ``ArraySource``    -- in-memory NumPy arrays (``(x, y)``, ``digits``, ``.npz``). Epoch ``e``
-  visits the examples in a permutation seeded by ``(seed, e)``, computed per position
+* ``ArraySource``    -- in-memory NumPy arrays (``(x, y)`` or ``(x, y, sample_weight)``, each part
+  one array or a dict/list of arrays; ``digits``, ``.npz``). Epoch ``e`` visits the examples
+  in a permutation seeded by ``(seed, e)``, computed per position
   (``index_shuffle``) without building it; global step ``t`` takes positions
   ``[t * G, (t + 1) * G)``. Synchronous strategies gather from the arrays in place; under
   parameter servers the arrays travel inside the dataset function, so they are limited to
@@ -22,9 +23,10 @@ Sources (what ``fit`` accepts as ``data``):
 * ``IndexedSource``  -- a random-access source (``tfds:NAME`` stored as ArrayRecord, through
   ``tfds.data_source``): the arrays' exact global shuffle, each batch read by index through
   ``tf.numpy_function``; synchronous strategies only.
-* ``StreamSource``   -- any ``tf.data.Dataset`` of unbatched ``(x, y)``: the fallback. Every
-  worker reads all of it, resuming replays the epoch up to the position, and an unknown
-  length costs a counting pass (a warning says so, and names the file source as the fix).
+* ``StreamSource``   -- any ``tf.data.Dataset`` of unbatched ``(x, y)`` (or ``(x, y, sample_weight)``):
+  the fallback. Every worker reads all of it, resuming replays the epoch up to the position,
+  and an unknown length costs a counting pass (a warning says so, and names the file source
+  as the fix).
 
 Modules: ``batching`` (BatchSizes; no TensorFlow), ``order`` (DataPlan, seeded keys and
 permutations), ``arrays``, ``indexed``, ``files`` (layout, streams, windows), ``records`` (TFRecord index

@@ -81,6 +81,8 @@ def fit(
       data: ``(x, y)`` NumPy arrays, a ``tfdist.TFRecordSource`` (TFRecord files, each
         replica reading its own stream), an unbatched ``tf.data.Dataset`` of ``(x, y)``, or a
         name: ``"digits"``, ``"tfds:NAME"``, or a path to an ``.npz`` with ``x`` and ``y``.
+        As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or
+        outputs), and a third element ``sample_weight`` weighs each example.
       batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
         batch. Give one; global = grad_accum_steps x replicas x micro batch.
       checkpoint_dir: enables checkpoints (every ``save_every_steps`` steps / every

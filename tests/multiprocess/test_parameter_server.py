@@ -2,6 +2,7 @@
 
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import base_env, read_json
@@ -35,3 +36,54 @@ def test_chief_two_workers_one_ps_train_and_resume_after_preemption(procs, tmp_p
     assert "exiting with code 75" in out
     resumed = read_json(tmp_path / "preempted" / "summary.json")
     assert resumed["start_step"] == 12 and resumed["global_step"] == 20
+
+
+WEIGHTED_SCRIPT = '''
+import json, sys
+import numpy as np
+import tfdist
+if sys.argv[2] == "2":
+    import tf_keras as keras
+else:
+    import keras
+
+rng = np.random.default_rng(0)
+x = {"a": rng.normal(size=(256, 6)).astype("float32"), "b": rng.normal(size=(256, 3)).astype("float32")}
+y = (x["a"][:, 0] > 0).astype("int32")
+zero = np.zeros(256, "float32")
+
+def build():
+    a, b = keras.Input((6,), name="a"), keras.Input((3,), name="b")
+    h = keras.layers.Concatenate()([a, b])
+    h = keras.layers.Dense(8, activation="relu", kernel_initializer=keras.initializers.Constant(0.1))(h)
+    out = keras.layers.Dense(2, kernel_initializer=keras.initializers.Constant(0.1))(h)
+    model = keras.Model({"a": a, "b": b}, out)
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+history = tfdist.fit(build, (x, y, zero), batch_size=32, epochs=2, steps_per_epoch=4, seed=0, verbose=0,
+                     checkpoint_dir=sys.argv[1])
+weights = history.model.get_weights()
+json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
+           "loss": history.history["loss"], "weights": [w.tolist() for w in weights]},
+          open(sys.argv[1] + ".json", "w"))
+'''
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("keras", ["3", "2"])
+def test_two_input_data_with_sample_weights_reaches_parameter_server_workers(procs, tmp_path, keras):
+    # Zero weights on every example: a dataset function that dropped them would train (loss > 0, weights move).
+    script = tmp_path / "weighted.py"
+    script.write_text(WEIGHTED_SCRIPT)
+    out_dir = tmp_path / "ckpt"
+    code, out = procs.tfdist("launch", "--workers", "2", "--ps", "1", "--chief", "--",
+                             sys.executable, str(script), str(out_dir), keras, timeout=240, env=base_env())
+    assert code == 0, out[-4000:]
+    result = read_json(f"{out_dir}.json")
+    assert result["strategy"] == "parameter_server" and result["global_step"] == 8
+    assert result["loss"] == [0.0, 0.0]
+    kernel1, bias1, kernel2, bias2 = (np.asarray(w, np.float32) for w in result["weights"])
+    assert np.all(kernel1 == np.float32(0.1)) and np.all(kernel2 == np.float32(0.1))  # as initialized
+    assert not bias1.any() and not bias2.any()

@@ -139,6 +139,7 @@ class _Crash(Exception):
 
 
 def _crash_at(step):
+    """A callback that fails at the end of ``step`` (before tfdist saves that step)."""
     import tf_keras
 
     class Crash(tf_keras.callbacks.Callback):
@@ -159,12 +160,13 @@ def _fit(directory, data=None, **kwargs):
 
 
 def test_an_error_inside_fit_lets_the_save_in_flight_finish_before_it_propagates(tmp_path):
-    # A callback fails right after the background save of step 9 started: when the error reaches
+    # A callback fails in the execution after the background save of step 9 started (the user's
+    # callbacks run before tfdist saves a step, so step 12 is not saved): when the error reaches
     # the caller, that checkpoint is complete, so a fit called next in this process resumes there.
     from tfdist.checkpoint import layout
 
     with pytest.raises(_Crash):
-        _fit(tmp_path, callbacks=[_crash_at(9)], batch_size=4, epochs=1)
+        _fit(tmp_path, callbacks=[_crash_at(12)], batch_size=4, epochs=1)
     paths = layout.checkpoint_paths(str(tmp_path))
     assert paths and layout.step_of(paths[-1]) == 9
     assert not [name for name in os.listdir(tmp_path) if "_temp" in name]
@@ -173,7 +175,7 @@ def test_an_error_inside_fit_lets_the_save_in_flight_finish_before_it_propagates
 def test_steps_per_execution_above_one_resumes_exactly(tmp_path):
     reference = _fit(tmp_path / "ref")
     with pytest.raises(_Crash):
-        _fit(tmp_path / "int", callbacks=[_crash_at(9)])  # executions of 3 steps: batch ends at 3, 6, 9
+        _fit(tmp_path / "int", callbacks=[_crash_at(12)])  # executions of 3 steps: batch ends at 3, 6, 9, 12
     resumed = _fit(tmp_path / "int")
     assert resumed.tfdist.start_step == 9 and resumed.tfdist.global_step == 30
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")),
@@ -205,7 +207,7 @@ def test_a_dataset_of_unknown_length_resumes_exactly(tmp_path):
 
     _fit(tmp_path / "ref", data=stream())
     with pytest.raises(_Crash):
-        _fit(tmp_path / "int", data=stream(), callbacks=[_crash_at(9)])
+        _fit(tmp_path / "int", data=stream(), callbacks=[_crash_at(12)])
     resumed = _fit(tmp_path / "int", data=stream())
     assert resumed.tfdist.start_step == 9 and resumed.tfdist.steps_per_epoch == 15
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
@@ -423,7 +425,7 @@ def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_loca
     monkeypatch.chdir(workdir)
     directory = "ram://tfdist-test/run"
     with pytest.raises(_Crash):
-        _fit(directory, callbacks=[_crash_at(9)])
+        _fit(directory, callbacks=[_crash_at(12)])
     resumed = _fit(directory)
     assert resumed.tfdist.start_step == 9 and resumed.tfdist.global_step == 30
     assert resumed.history == reference.history

@@ -24,7 +24,11 @@ class _StartAt:
 
 
 class TrainingCallback(tf_keras.callbacks.Callback):
-    """Reports tf_keras' batch and epoch boundaries to a ``Controller``; starts a resumed run mid-epoch."""
+    """Reports tf_keras' batch and epoch boundaries to a ``Controller``; starts a resumed run mid-epoch.
+
+    It comes after the user's callbacks: a save at a step or an epoch's end holds what they
+    did there (ReduceLROnPlateau's new learning rate, their counters), and their state is put
+    back after their own ``on_train_begin`` reset it."""
 
     def __init__(self, controller: Controller):
         super().__init__()

@@ -298,7 +298,7 @@ class TfKeras:
             steps_per_epoch=plan.steps_per_epoch,
             validation_data=validation_data,
             validation_steps=validation_steps,
-            callbacks=[TrainingCallback(controller), *(callbacks or [])],
+            callbacks=[*(callbacks or []), TrainingCallback(controller)],
             verbose=verbose,
         )
 

@@ -144,6 +144,7 @@ class Checkpointer:
         is_chief: bool,
         task_name: str,
         run_metadata: layout.RunMetadata,
+        callback_arrays: Any = None,
     ):
         import tensorflow as tf
 
@@ -164,10 +165,16 @@ class Checkpointer:
         self._replica_state = ReplicaValues.of(strategy, state.replica_state, name=layout.REPLICA_STATE)
         self._replica_metrics = ReplicaValues.of(strategy, state.replica_metrics, name=layout.REPLICA_METRICS)
         extra = {group.name: group.module for group in self._replica_groups}
-        self.root = tf.train.Checkpoint(**{
+        children = {
             layout.MODEL: state.model, layout.OPTIMIZER: state.optimizer, layout.PROGRESS: self.counters.module,
             layout.RNG: rng, layout.METRICS: self._metrics, **extra,
-        })
+        }
+        # The callbacks' arrays (training.callback_state) are saved with the rest but restored on
+        # their own: a checkpoint without them (the callbacks changed) still resumes.
+        self._callback_arrays = callback_arrays
+        self.callback_arrays_restored = False
+        self.root = tf.train.Checkpoint(**children, **({layout.CALLBACKS: callback_arrays} if callback_arrays else {}))
+        self._restore_root = tf.train.Checkpoint(**children) if callback_arrays else self.root
         self._metrics_root = tf.train.Checkpoint(**{layout.METRICS: self._metrics})
         if not options.resume:  # every worker, so that none waits in a collective for a chief that refused
             refuse_to_start_over(options.directory)
@@ -215,9 +222,10 @@ class Checkpointer:
                 "Fix: check free space and permissions; the earlier checkpoints are intact."
             ) from e
 
-    def save(self, *, global_step: int, epoch: int, step_in_epoch: int, history: list[dict], complete: bool = False) -> str | None:
+    def save(self, *, global_step: int, epoch: int, step_in_epoch: int, history: list[dict], complete: bool = False,
+             callbacks: Mapping[str, Any] | None = None) -> str | None:
         """Saves the state after ``global_step`` steps (asynchronously unless disabled).
-        Every worker must call it at the same step."""
+        Every worker must call it at the same step. ``callbacks``: the callbacks' state for the metadata."""
         if self.last_saved_step == global_step and not complete:
             return None
         self.sync()  # one save in flight at a time; surfaces the previous save's error
@@ -225,7 +233,8 @@ class Checkpointer:
         for group in self._replica_groups:
             group.capture()
         metadata = layout.Metadata.of(self.run_metadata, global_step=global_step, epoch=epoch,
-                                      step_in_epoch=step_in_epoch, complete=complete, history=history)
+                                      step_in_epoch=step_in_epoch, complete=complete, history=history,
+                                      callbacks=callbacks)
         if self.is_chief:
             self._quarantine_existing(global_step)
         self._save_started, self.last_write_seconds, self.last_written_at = time.perf_counter(), None, None
@@ -255,7 +264,7 @@ class Checkpointer:
         if saved is not None:
             layout.write_metadata(prefix, layout.Metadata.of(
                 self.run_metadata, global_step=saved.global_step, epoch=saved.epoch,
-                step_in_epoch=saved.step_in_epoch, complete=True, history=history,
+                step_in_epoch=saved.step_in_epoch, complete=True, history=history, callbacks=saved.callbacks,
             ))
 
     def _quarantine_existing(self, step: int) -> None:
@@ -321,7 +330,7 @@ class Checkpointer:
             metadata = layout.read_metadata(path)
             try:
                 self._check_compatible(path, metadata)
-                status = self.root.restore(path)
+                status = self._restore_root.restore(path)
                 status.assert_existing_objects_matched()
                 # What the checkpoint has and this run does not -- per-replica values of another
                 # replica count, after a topology change -- is left out on purpose, not warned about.
@@ -332,6 +341,7 @@ class Checkpointer:
                 log.warning("checkpoint %s cannot be read (%s); falling back to the previous one", path, describe(e))
                 continue
             self._restore_replica_state(path, metadata)
+            self._restore_callback_arrays(path)
             point = ResumePoint(path=path, global_step=self.counters.global_step, metadata=metadata)
             self.resumed_from = point
             self.last_saved_step = point.global_step
@@ -340,6 +350,22 @@ class Checkpointer:
             f"no checkpoint in {self.options.directory!r} can be read; received {len(paths)} corrupt checkpoint(s). "
             "Fix: inspect them with `tfdist ckpt verify`, or start a fresh run in another directory."
         )
+
+    def _restore_callback_arrays(self, path: str) -> None:
+        """Restores the callbacks' arrays if the checkpoint has them (``callback_arrays_restored``)."""
+        import tensorflow as tf
+
+        if self._callback_arrays is None:
+            return
+        self.callback_arrays_restored = False
+        try:
+            status = tf.train.Checkpoint(**{layout.CALLBACKS: self._callback_arrays}).restore(path)
+            status.expect_partial()
+            status.assert_existing_objects_matched()
+        except (AssertionError, ValueError) as e:  # saved without them, or for another model
+            log.debug("the callbacks' arrays were not restored from %s: %s", path, describe(e))
+            return
+        self.callback_arrays_restored = True
 
     @property
     def _replica_groups(self) -> list[ReplicaValues]:

@@ -38,6 +38,7 @@ FORMAT = 1
 # The root objects of tf.train.Checkpoint (the first component of every variable path).
 MODEL, OPTIMIZER, PROGRESS, RNG, METRICS = "model", "optimizer", "progress", "rng", "metrics"
 REPLICA_STATE, REPLICA_METRICS = "replica_state", "replica_metrics"
+CALLBACKS = "callbacks"
 COUNTERS = ("global_step", "epoch", "step_in_epoch")
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 SERIALIZED_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -251,11 +252,14 @@ class Metadata:
 
     @classmethod
     def of(cls, run: RunMetadata, *, global_step: int, epoch: int, step_in_epoch: int, complete: bool,
-           history: list[dict]) -> "Metadata":
-        return cls(dict(
+           history: list[dict], callbacks: Mapping[str, Any] | None = None) -> "Metadata":
+        fields = dict(
             run.to_json(), format=FORMAT, global_step=global_step, epoch=epoch, step_in_epoch=step_in_epoch,
             complete=complete, history=history, saved_at=time.time(),
-        ))
+        )
+        if callbacks is not None:
+            fields[CALLBACKS] = dict(callbacks)
+        return cls(fields)
 
     @property
     def global_step(self) -> int | None:
@@ -283,6 +287,11 @@ class Metadata:
         """Every finished epoch's logs, earlier runs included."""
         history = self.raw.get("history")
         return list(history) if isinstance(history, list) else []
+
+    @property
+    def callbacks(self) -> dict | None:
+        """The state of the run's callbacks at this checkpoint (``training.callback_state``); None if it had none."""
+        return _typed(self.raw.get(CALLBACKS), dict)
 
     @property
     def seed(self) -> int | None:

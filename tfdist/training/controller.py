@@ -70,6 +70,8 @@ class Controller:
       history: the per-epoch logs of the run so far (earlier runs included); appended to.
       faults: fault injection for tests and drills.
       before_save: called before every save (parameter servers: let scheduled steps land).
+      callback_state: the user's callbacks' state, saved with every checkpoint and put back
+        at ``on_train_begin`` (``training.callback_state``); None without checkpoints.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Controller:
         history: list[dict],
         faults: Faults,
         before_save: Callable[[], Any] | None = None,
+        callback_state: Any = None,
     ):
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = total_steps
@@ -94,6 +97,7 @@ class Controller:
         self.history = history
         self.faults = faults
         self.before_save = before_save
+        self.callback_state = callback_state
         self.global_step = start_step
         self.epoch = self.start.epoch
         self.steps_run = 0
@@ -103,6 +107,9 @@ class Controller:
 
     # --- events ---------------------------------------------------------------------------
     def on_train_begin(self) -> None:
+        """After the user's callbacks saw ``on_train_begin`` (which resets their state)."""
+        if self.callback_state is not None:
+            self.callback_state.restore()
         self._t0 = time.monotonic()
 
     def on_epoch_begin(self, epoch: int, *, resumed_mid_epoch: bool = False) -> None:
@@ -163,6 +170,7 @@ class Controller:
             step_in_epoch=position.step_in_epoch,
             history=self.history,
             complete=complete,
+            callbacks=self.callback_state.capture() if self.callback_state is not None else None,
         )
         self.faults.fire("kill_after_save", self.global_step)
 

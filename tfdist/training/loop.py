@@ -37,13 +37,15 @@ class Hooks:
     """
 
     def on_train_begin(self) -> None:
-        """Before the first epoch, before the user's callbacks see ``on_train_begin``."""
+        """Before the first epoch, after the user's callbacks saw ``on_train_begin``: their
+        saved state is put back here."""
 
     def on_epoch_begin(self, epoch: int) -> None:
         """After the model's metrics were reset for ``epoch``: a resumed epoch restores its accumulators here."""
 
     def on_step_end(self, global_step: int) -> None:
-        """After the execution that ends at ``global_step`` (steps since the run began, all epochs)."""
+        """After the execution that ends at ``global_step`` (steps since the run began, all
+        epochs) and the user's ``on_train_batch_end``."""
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
         """After validation and the user's ``on_epoch_end``; ``logs`` are Python floats, ``val_`` ones included."""
@@ -234,8 +236,8 @@ def run_loop(
     iterator = iter(train_data)
     step = start_step
     epoch_logs: dict = {}
-    hooks.on_train_begin()
     callback_list.on_train_begin()
+    hooks.on_train_begin()
     for epoch in range(start_step // steps_per_epoch, epochs):
         if step >= total_steps:
             break

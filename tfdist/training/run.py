@@ -29,6 +29,7 @@ from tfdist.cluster import EVALUATOR, ClusterSpec, detect
 from tfdist.startup import serve
 from tfdist.errors import DataError, ModelError, PeerUnavailableError, describe
 from tfdist.training import model as model_mod
+from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
 from tfdist.training.faults import Faults
 from tfdist.training.preemption import Agreement, Preempted, Preemption, PreemptionWatcher
@@ -120,8 +121,10 @@ def fit(
     )
     # 3. Model in scope.
     adapter, built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
-    # 4. Checkpoints and the point to resume from.
-    checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster)
+    # 4. Checkpoints and the point to resume from (the callbacks' state with them).
+    callback_state = CallbackState(callbacks, model=built) if options is not None else None
+    checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster,
+                                       callback_state=callback_state)
     if point is not None and _is_complete(point, shape):
         return _already_complete(point, adapter, checkpointer, strat, traits, shape, wall_start=wall_start)
     start_step = point.global_step if point is not None else 0
@@ -129,7 +132,8 @@ def fit(
     train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
     # 6. Run.
     controller = _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape,
-                             start_step=start_step, history=point.metadata.history if point is not None else [])
+                             start_step=start_step, history=point.metadata.history if point is not None else [],
+                             callback_state=callback_state)
     keras_history = _run(adapter, built, controller, cluster, traits, shape, train_data, val_data, validation_steps,
                          callbacks=callbacks, verbose=verbose, checkpointer=checkpointer)
     # 7. Summary.
@@ -241,9 +245,10 @@ def _model_in_scope(model, strat, traits: strategy_mod.Traits, shape: _Shape, *,
 
 
 # --- 4. checkpoints ----------------------------------------------------------------------------
-def _checkpoints(options, adapter, built, strat, traits, shape: _Shape,
-                 cluster) -> tuple[Checkpointer | None, ResumePoint | None]:
-    """The checkpointer of this task and the checkpoint restored, if any (every worker restores)."""
+def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster, *,
+                 callback_state: CallbackState | None) -> tuple[Checkpointer | None, ResumePoint | None]:
+    """The checkpointer of this task and the checkpoint restored, if any (every worker restores);
+    ``callback_state`` gets the callbacks' state of that checkpoint."""
     if options is None:
         return None, None
     import tensorflow as tf
@@ -270,9 +275,12 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape,
     )
     checkpointer = Checkpointer(
         options=options, state=adapter.state(built), strategy=strat, is_chief=cluster.is_chief,
-        task_name=cluster.task_name, run_metadata=run,
+        task_name=cluster.task_name, run_metadata=run, callback_arrays=callback_state.arrays,
     )
     point = checkpointer.restore()
+    callback_state.prepare(resuming=point is not None)
+    if point is not None:
+        callback_state.resume_from(point.metadata.callbacks, arrays_restored=checkpointer.callback_arrays_restored)
     if point is not None:
         spe = plan.steps_per_epoch
         log.info("resuming from %s: global step %d (epoch %d, step %d of %d)", point.path, point.global_step,
@@ -344,7 +352,7 @@ def _endless(dataset_fn):
 
 # --- 6. run ------------------------------------------------------------------------------------
 def _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape: _Shape, *, start_step,
-                history) -> Controller:
+                history, callback_state) -> Controller:
     """The controller of this task: step counting, saves, preemption (agreed across workers)."""
     agreement = Agreement(strat, is_chief=cluster.is_chief) if traits.multi_process else None
     return Controller(
@@ -357,6 +365,7 @@ def _controller(adapter, built, checkpointer, options, strat, traits, cluster, s
         history=list(history),
         faults=Faults(task_name=cluster.task_name),
         before_save=(lambda: adapter.settle(built)) if traits.coordinated else None,
+        callback_state=callback_state,
     )
 
 

@@ -1,0 +1,232 @@
+"""The user's callbacks keep their state across a resume (tfdist/training/callback_state.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist.checkpoint import layout
+from tfdist.errors import ModelError
+from tfdist.training.callback_state import CallbackState
+
+from conftest import assert_bit_identical, checkpoint_tensors
+
+KERASES = ["keras", "tf_keras"]
+
+
+def _through_json(state: dict) -> dict:
+    return json.loads(json.dumps(state))
+
+
+@pytest.mark.parametrize("keras_name", KERASES)
+def test_built_in_callbacks_get_their_counters_back_after_on_train_begin_reset_them(keras_name):
+    keras = __import__(keras_name)
+    cbs = keras.callbacks
+    before = [cbs.ReduceLROnPlateau(monitor="loss", patience=3), cbs.EarlyStopping(monitor="val_loss", patience=5),
+              cbs.ModelCheckpoint("unused.keras", monitor="loss", save_best_only=True)]
+    for cb in before:
+        cb.on_train_begin() if hasattr(cb, "_reset") else None
+    before[0].wait, before[0].cooldown_counter, before[0].best = 2, 1, np.float32(0.25)
+    before[1].wait, before[1].best, before[1].best_epoch = 4, np.float64(0.5), 3
+    before[2].best = 0.125
+    saved = CallbackState(before, model=None).capture()
+
+    after = [cbs.ReduceLROnPlateau(monitor="loss", patience=3), cbs.EarlyStopping(monitor="val_loss", patience=5),
+             cbs.ModelCheckpoint("unused.keras", monitor="loss", save_best_only=True)]
+    state = CallbackState(after, model=None)
+    state.resume_from(_through_json(saved), arrays_restored=False)
+    for cb in after:
+        cb.on_train_begin()  # resets ReduceLROnPlateau's and EarlyStopping's counters
+    state.restore()
+    assert (after[0].wait, after[0].cooldown_counter, after[0].best) == (2, 1, 0.25)
+    assert (after[1].wait, after[1].best, after[1].best_epoch) == (4, 0.5, 3)
+    assert after[2].best == 0.125
+    assert sorted(saved) == ["0:ReduceLROnPlateau", "1:EarlyStopping", "2:ModelCheckpoint"]
+
+
+def test_a_callback_with_state_dict_keeps_its_own_state_and_its_keras_base_class_state():
+    import keras
+
+    class CountingReducer(keras.callbacks.ReduceLROnPlateau):
+        def __init__(self):
+            super().__init__(monitor="loss")
+            self.batches = 0
+
+        def state_dict(self):
+            return {"batches": self.batches, "seen": [np.int64(1), 2.5]}
+
+        def load_state_dict(self, state):
+            self.batches = state["batches"]
+
+    first = CountingReducer()
+    first.on_train_begin()
+    first.batches, first.wait = 17, 2
+    saved = _through_json(CallbackState([first], model=None).capture())
+    assert saved["0:CountingReducer"]["state_dict"] == {"batches": 17, "seen": [1, 2.5]}
+
+    second = CountingReducer()
+    state = CallbackState([second], model=None)
+    state.resume_from(saved, arrays_restored=False)
+    second.on_train_begin()
+    state.restore()
+    assert (second.batches, second.wait) == (17, 2)
+
+
+def test_a_state_json_cannot_hold_is_refused_at_the_start_naming_the_callback_and_value():
+    import keras
+
+    class Holder(keras.callbacks.Callback):
+        def state_dict(self):
+            return {"table": np.zeros((2, 2))}
+
+        def load_state_dict(self, state):
+            pass
+
+    with pytest.raises(ModelError, match=r"numpy.ndarray at 0:Holder.state_dict\(\)\['table'\].*Fix:"):
+        CallbackState([Holder()], model=None).restore()
+
+
+def test_callbacks_that_changed_since_the_checkpoint_start_afresh_with_a_warning(caplog):
+    import keras
+
+    saved = CallbackState([keras.callbacks.EarlyStopping()], model=None).capture()
+    changed = [keras.callbacks.ReduceLROnPlateau(), keras.callbacks.EarlyStopping()]
+    state = CallbackState(changed, model=None)
+    state.resume_from(saved, arrays_restored=False)
+    with caplog.at_level(logging.WARNING, logger="tfdist"):
+        state.restore()
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "0:ReduceLROnPlateau, 1:EarlyStopping start afresh; the saved state of 0:EarlyStopping is not used" in message
+
+
+@pytest.mark.parametrize("keras_name", KERASES)
+def test_a_csv_logger_appends_in_a_resumed_run_only(keras_name, tmp_path):
+    keras = __import__(keras_name)
+    fresh, resumed = keras.callbacks.CSVLogger(str(tmp_path / "a.csv")), keras.callbacks.CSVLogger(str(tmp_path / "b.csv"))
+    CallbackState([fresh], model=None).prepare(resuming=False)
+    CallbackState([resumed], model=None).prepare(resuming=True)
+    assert (fresh.append, resumed.append) == (False, True)
+
+
+# --- whole runs ------------------------------------------------------------------------------
+class _Crash(Exception):
+    pass
+
+
+def _build(keras_name: str):
+    def make():
+        keras = __import__(keras_name)
+        model = keras.Sequential([
+            keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(32),
+            keras.layers.BatchNormalization(), keras.layers.Activation("relu"), keras.layers.Dropout(0.1),
+            keras.layers.Dense(10),
+        ])
+        model.compile(keras.optimizers.SGD(0.2, momentum=0.5),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    return make
+
+
+def _callbacks(keras_name: str, csv_path, *, crash_at: int | None = None) -> list:
+    """Fresh callbacks, as a new process has them. ``min_delta`` so large that only the first
+    epoch improves: the learning rate halves after every later epoch, and the run stops early."""
+    keras = __import__(keras_name)
+
+    class Counter(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.batches = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1
+
+        def state_dict(self):
+            return {"batches": self.batches}
+
+        def load_state_dict(self, state):
+            self.batches = state["batches"]
+
+    class Crash(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == crash_at:
+                raise _Crash()
+
+    cbs = [
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=1, factor=0.5, min_delta=10.0),
+        keras.callbacks.EarlyStopping(monitor="loss", patience=3, min_delta=10.0, restore_best_weights=True),
+        keras.callbacks.CSVLogger(str(csv_path)),
+        Counter(),
+    ]
+    return cbs + ([Crash()] if crash_at else [])
+
+
+def _fit(keras_name, directory, csv_path, **kwargs):
+    return tfdist.fit(_build(keras_name), "digits", epochs=8, batch_size=128, seed=3, deterministic=True,
+                      strategy="one_device", checkpoint_dir=str(directory), verbose=0, **kwargs)
+
+
+def _rows(path) -> list[list[str]]:
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
+
+
+@pytest.mark.parametrize("keras_name", KERASES)
+@pytest.mark.parametrize("crash_at,save_every_steps,resumed_at", [(27, 5, 25), (24, None, 22)],
+                         ids=["mid-epoch", "after-an-epoch-end"])
+def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted(
+        tmp_path, keras_name, crash_at, save_every_steps, resumed_at):
+    reference_cbs = _callbacks(keras_name, tmp_path / "ref.csv")
+    reference = _fit(keras_name, tmp_path / "ref", tmp_path / "ref.csv", callbacks=reference_cbs,
+                     save_every_steps=save_every_steps)
+    # 11 steps an epoch; epochs 1 and 2 halve the learning rate; epoch 3 stops the run with epoch 0's weights.
+    assert reference.epoch == [0, 1, 2, 3] and reference.tfdist.global_step == 44
+    lr_key = "learning_rate" if "learning_rate" in reference.history else "lr"
+    assert reference.history[lr_key] == pytest.approx([0.2, 0.2, 0.1, 0.05])
+
+    with pytest.raises(_Crash):
+        _fit(keras_name, tmp_path / "int", tmp_path / "int.csv", save_every_steps=save_every_steps,
+             callbacks=_callbacks(keras_name, tmp_path / "int.csv", crash_at=crash_at))
+    resumed_cbs = _callbacks(keras_name, tmp_path / "int.csv")
+    resumed = _fit(keras_name, tmp_path / "int", tmp_path / "int.csv", callbacks=resumed_cbs,
+                   save_every_steps=save_every_steps)
+    assert resumed.tfdist.start_step == resumed_at
+    assert resumed.epoch == reference.epoch and resumed.history == reference.history
+    assert resumed_cbs[3].batches == reference_cbs[3].batches == 44
+    assert resumed_cbs[1].stopped_epoch == reference_cbs[1].stopped_epoch == 3
+    assert _rows(tmp_path / "int.csv") == _rows(tmp_path / "ref.csv") and len(_rows(tmp_path / "ref.csv")) == 5
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+    # EarlyStopping put epoch 0's weights back into the model (the checkpoints hold the last step's
+    # training state): the resumed run had them from the checkpoint it resumed from.
+    final = checkpoint_tensors(str(tmp_path / "ref"))
+    saved_best = final[f"{layout.CALLBACKS}/cb1_EarlyStopping/0{layout.VALUE_SUFFIX}"]
+    trained = [v for k, v in final.items() if v.shape == (64, 32) and not k.startswith(layout.CALLBACKS)]
+    best, again = reference.model.get_weights(), resumed.model.get_weights()
+    assert np.array_equal(saved_best, best[0]) and trained and not any(np.array_equal(t, best[0]) for t in trained)
+    assert len(best) == len(again) and all(np.array_equal(a, b) for a, b in zip(best, again))
+
+
+def test_adding_or_removing_early_stopping_with_best_weights_on_resume_still_resumes(tmp_path, caplog):
+    import keras
+
+    with pytest.raises(_Crash):
+        tfdist.fit(_build("keras"), "digits", epochs=3, batch_size=128, seed=3, strategy="one_device", verbose=0,
+                   checkpoint_dir=str(tmp_path / "run"), save_every_steps=5,
+                   callbacks=[_callbacks("keras", tmp_path / "x.csv", crash_at=13)[-1]])
+    with caplog.at_level(logging.WARNING, logger="tfdist"):
+        added = tfdist.fit(_build("keras"), "digits", epochs=2, batch_size=128, seed=3, strategy="one_device", verbose=0,
+                           checkpoint_dir=str(tmp_path / "run"), save_every_steps=5,
+                           callbacks=[keras.callbacks.EarlyStopping(monitor="loss", restore_best_weights=True)])
+    assert added.tfdist.start_step == 11 and added.tfdist.global_step == 22
+    assert "0:EarlyStopping start afresh" in caplog.text
+    removed = tfdist.fit(_build("keras"), "digits", epochs=3, batch_size=128, seed=3, strategy="one_device", verbose=0,
+                         checkpoint_dir=str(tmp_path / "run"))
+    assert removed.tfdist.start_step == 22 and removed.tfdist.global_step == 33

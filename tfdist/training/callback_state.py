@@ -1,0 +1,216 @@
+"""The state of the user's callbacks, saved with every checkpoint and put back on resume.
+
+Keras' stateful callbacks keep their counters in Python: ``ReduceLROnPlateau`` its patience
+and best value, ``EarlyStopping`` the same and the best weights, ``ModelCheckpoint`` its best
+value and batch count, ``TensorBoard`` the step of its batch summaries. A resumed run that
+starts them afresh reduces the learning rate and stops at other epochs than a run never
+interrupted. tfdist saves them with each checkpoint and puts them back after the callbacks'
+own ``on_train_begin`` (which resets them):
+
+* the callbacks of the registry below (either Keras, a subclass included): their attributes
+  go to the checkpoint's metadata (``callbacks``), ``EarlyStopping(restore_best_weights=True)``'s
+  best weights to variables of the checkpoint itself (``callbacks/``), written when they change;
+* any callback with ``state_dict()`` (a dict of numbers, strings, lists, dicts) and
+  ``load_state_dict(state)``, as in Lightning: its own state, besides the registry's.
+
+A ``CSVLogger`` of a resumed run appends to its file instead of starting it again.
+Callbacks are matched to the saved state by position and class; what does not match starts
+afresh, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Sequence
+
+from tfdist.errors import ModelError
+
+log = logging.getLogger("tfdist")
+
+__all__ = ["CallbackState", "REGISTRY"]
+
+REGISTRY: dict[str, tuple[str, ...]] = {
+    "EarlyStopping": ("wait", "stopped_epoch", "best", "best_epoch"),
+    "ReduceLROnPlateau": ("wait", "cooldown_counter", "best"),
+    "ModelCheckpoint": ("best", "epochs_since_last_save", "_batches_seen_since_last_saving", "_last_batch_seen",
+                        "_current_epoch"),
+    "TensorBoard": ("_global_train_batch", "_global_test_batch"),
+}
+"""Class name of a callback of Keras 3 or tf_keras -> the attributes that hold its state
+(an attribute one Keras lacks is skipped)."""
+
+_KERAS_PACKAGES = ("keras", "tf_keras")
+_BEST_WEIGHTS = "best_weights"
+
+
+def _keras_class(callback, names) -> str | None:
+    """The name of ``callback``'s nearest base class of either Keras that is one of ``names``."""
+    for cls in type(callback).__mro__:
+        if cls.__name__ in names and cls.__module__.split(".")[0] in _KERAS_PACKAGES:
+            return cls.__name__
+    return None
+
+
+def _registered(callback) -> str | None:
+    """The registry's name for ``callback`` (a user's subclass of a registered callback included)."""
+    return _keras_class(callback, REGISTRY)
+
+
+def _has_protocol(callback) -> bool:
+    return callable(getattr(callback, "state_dict", None)) and callable(getattr(callback, "load_state_dict", None))
+
+
+def _keeps_best_weights(callback) -> bool:
+    return _registered(callback) == "EarlyStopping" and bool(getattr(callback, "restore_best_weights", False))
+
+
+def _plain(value: Any, *, where: str) -> Any:
+    """``value`` as JSON holds it: NumPy and TensorFlow scalars become Python numbers."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v, where=f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, where=f"{where}[{i}]") for i, v in enumerate(value)]
+    numpy = getattr(value, "numpy", None)  # a TensorFlow scalar
+    item = getattr(numpy() if callable(numpy) else value, "item", None)
+    if callable(item) and getattr(value, "ndim", getattr(value, "shape", None)) in (0, ()):
+        return _plain(item(), where=where)
+    raise ModelError(
+        f"a callback's state must be numbers, strings, lists and dicts to be checkpointed; received "
+        f"{type(value).__module__}.{type(value).__name__} at {where}. Fix: return plain values from "
+        "state_dict() (arrays as lists), or keep that value out of it."
+    )
+
+
+class CallbackState:
+    """The state of ``callbacks`` for one run's checkpoints.
+
+    Args:
+      callbacks: the user's callbacks, in the order given to ``fit``.
+      model: the built model (its weights' shapes size the best-weights variables).
+    """
+
+    def __init__(self, callbacks: Sequence[Any] | None, *, model):
+        self._callbacks = list(callbacks or ())
+        self._keys = {id(cb): f"{i}:{type(cb).__name__}" for i, cb in enumerate(self._callbacks)}
+        self._stateful = [cb for cb in self._callbacks if _registered(cb) or _has_protocol(cb)]
+        self.arrays = None
+        """A ``tf.Module`` of the best-weights variables, saved in the checkpoint (None if none is needed)."""
+        self._slots: dict[str, list] = {}
+        self._assigned: dict[str, int] = {}
+        keepers = [cb for cb in self._stateful if _keeps_best_weights(cb)]
+        if keepers:
+            self._make_slots(keepers, model)
+        self._saved: dict | None = None
+        self._arrays_restored = False
+
+    def _make_slots(self, keepers, model) -> None:
+        import tensorflow as tf
+
+        self.arrays = tf.Module(name="callbacks")
+        with tf.device("/cpu:0"):
+            for cb in keepers:
+                key = self._keys[id(cb)]
+                slot = [tf.Variable(tf.zeros(w.shape, dtype=_dtype(w)), trainable=False) for w in model.weights]
+                self._slots[key] = slot
+                setattr(self.arrays, _attribute(key), slot)
+
+    # --- before and after the callbacks' on_train_begin ------------------------------------
+    def prepare(self, *, resuming: bool) -> None:
+        """Before the run's callbacks start: a resumed run's CSVLogger appends to its file."""
+        if not resuming:
+            return
+        for cb in self._callbacks:
+            if _keras_class(cb, ("CSVLogger",)) and not cb.append:
+                cb.append = True
+                log.info("CSVLogger(%r) appends to its file in this resumed run", getattr(cb, "filename", "?"))
+
+    def resume_from(self, saved: dict | None, *, arrays_restored: bool) -> None:
+        """The state a checkpoint recorded (``Metadata.callbacks``), to be put back by :meth:`restore`."""
+        self._saved = saved if isinstance(saved, dict) else None
+        self._arrays_restored = arrays_restored
+
+    def restore(self) -> None:
+        """After the callbacks' ``on_train_begin``: puts the saved state back; checks the
+        current state can be saved."""
+        self.capture(assign=False)  # a state JSON cannot hold is refused now, not at the first save
+        if self._saved is None:
+            return
+        unmatched = dict(self._saved)
+        fresh = []
+        for cb in self._stateful:
+            key = self._keys[id(cb)]
+            entry = unmatched.pop(key, None)
+            if entry is None:
+                fresh.append(key)
+                continue
+            for name, value in (entry.get("attributes") or {}).items():
+                if hasattr(cb, name):
+                    setattr(cb, name, value)
+            if "state_dict" in entry and _has_protocol(cb):
+                cb.load_state_dict(entry["state_dict"])
+            if entry.get(_BEST_WEIGHTS):
+                self._restore_best_weights(cb, key)
+        changes = ([f"{', '.join(fresh)} start afresh"] if fresh else []) + (
+            [f"the saved state of {', '.join(sorted(unmatched))} is not used"] if unmatched else [])
+        if changes:
+            log.warning("callbacks changed since the checkpoint: %s", "; ".join(changes))
+
+    def _restore_best_weights(self, cb, key: str) -> None:
+        if key in self._slots and self._arrays_restored:
+            cb.best_weights = [v.numpy() for v in self._slots[key]]
+            self._assigned[key] = id(cb.best_weights)
+        else:
+            log.warning("%s: the best weights saved with the checkpoint could not be read back; restore_best_weights "
+                        "restores only best weights seen from now on", key)
+
+    # --- at every save -------------------------------------------------------------------
+    def capture(self, *, assign: bool = True) -> dict:
+        """The callbacks' state for the checkpoint's metadata; with ``assign``, best weights
+        that changed since the last save are copied into their variables."""
+        state = {}
+        for cb in self._stateful:
+            key = self._keys[id(cb)]
+            entry: dict[str, Any] = {}
+            name = _registered(cb)
+            if name:
+                entry["attributes"] = {
+                    a: _plain(getattr(cb, a), where=f"{key}.{a}") for a in REGISTRY[name] if hasattr(cb, a)
+                }
+            if _has_protocol(cb):
+                entry["state_dict"] = _plain(cb.state_dict(), where=f"{key}.state_dict()")
+            if key in self._slots:
+                weights = getattr(cb, _BEST_WEIGHTS, None)
+                entry[_BEST_WEIGHTS] = weights is not None
+                if assign and weights is not None and self._assigned.get(key) != id(weights):
+                    self._assign(key, weights)
+            json.dumps(entry, allow_nan=True)
+            state[key] = entry
+        return state
+
+    def _assign(self, key: str, weights) -> None:
+        slot = self._slots[key]
+        if len(weights) != len(slot):
+            raise ModelError(
+                f"{key}: best_weights holds {len(weights)} arrays, the model {len(slot)} weights. Fix: let "
+                "EarlyStopping take its best weights from the model it monitors."
+            )
+        for variable, value in zip(slot, weights):
+            variable.assign(value)
+        self._assigned[key] = id(weights)
+
+
+def _attribute(key: str) -> str:
+    """A Python name for a callback's key ("2:EarlyStopping" -> "cb2_EarlyStopping")."""
+    index, _, name = key.partition(":")
+    return f"cb{index}_{name}"
+
+
+def _dtype(weight) -> Any:
+    dtype = weight.dtype
+    return getattr(dtype, "base_dtype", dtype)
+

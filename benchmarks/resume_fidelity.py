@@ -1,8 +1,8 @@
 """Does a run killed mid-epoch and started again end as one never interrupted? tfdist against
 Keras' own ``BackupAndRestore`` (Keras 3 and tf_keras), side by side in one run.
 
-Every tool trains the same model (Dense, BatchNormalization, Dropout; SGD with momentum) on
-the bundled digits, with the same seed and op determinism, in three fresh processes: a run
+Every tool trains the same model (tfdist's built-in residual CNN: input noise, BatchNormalization,
+Dropout; SGD with momentum) on the bundled digits, with the same seed and op determinism, in three fresh processes: a run
 never interrupted, a run SIGKILLed after global batch ``--kill-at`` (mid-epoch), and the same
 command again, which resumes. Both save every 5 steps. Two scenarios:
 
@@ -52,14 +52,16 @@ def _data():
     return (x[:1440], y[:1440]), (x[1440:], y[1440:])
 
 
-def _build(keras):
+def _build(keras_name: str):
+    """tfdist's built-in residual CNN (input noise, BatchNormalization, Dropout) on SGD with
+    momentum: a float learning rate, which ReduceLROnPlateau can change."""
+    from tfdist import models
+
     def make():
-        model = keras.Sequential([
-            keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(32),
-            keras.layers.BatchNormalization(), keras.layers.Activation("relu"), keras.layers.Dropout(0.1),
-            keras.layers.Dense(10),
-        ])
-        model.compile(keras.optimizers.SGD(0.2, momentum=0.5),
+        version = "3" if keras_name == "keras" else "2"
+        model = models.build("resnet", input_shape=(8, 8, 1), num_classes=10, keras=version)
+        keras = models.keras_module(version)
+        model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         return model
 
@@ -96,14 +98,14 @@ def child(spec: dict) -> None:
     if spec["tool"] == "tfdist":
         import tfdist
 
-        history = tfdist.fit(_build(keras), (x, y), validation_data=validation, epochs=EPOCHS, batch_size=BATCH,
+        history = tfdist.fit(_build(spec["keras"]), (x, y), validation_data=validation, epochs=EPOCHS, batch_size=BATCH,
                              seed=0, deterministic=True, strategy="one_device", verbose=0,
                              checkpoint_dir=os.path.join(directory, "ckpt"), save_every_steps=SAVE_EVERY,
                              callbacks=[*cbs, counter()])
     else:
         keras.utils.set_random_seed(0)
         tf.config.experimental.enable_op_determinism()
-        model = _build(keras)()
+        model = _build(spec["keras"])()
         backup = keras.callbacks.BackupAndRestore(os.path.join(directory, "backup"), save_freq=SAVE_EVERY)
         history = model.fit(x, y, validation_data=validation, epochs=EPOCHS, batch_size=BATCH, shuffle=True,
                             verbose=0, callbacks=[*cbs, backup, counter()])

@@ -1,5 +1,6 @@
 """Training: ``fit`` as named phases (``run``), the controller around every step (``controller``),
-the tf_keras callback that reports to it (``callback``), the model side (``model``), preemption,
+the tf_keras callback that reports to it (``callback``), the user's callbacks' state in
+checkpoints (``callback_state``), the model side (``model``), preemption,
 fault injection, the summary, and the sidecar evaluator."""
 
 from tfdist.training.run import fit

@@ -50,7 +50,7 @@ else:
 rng = np.random.default_rng(0)
 x = {"a": rng.normal(size=(256, 6)).astype("float32"), "b": rng.normal(size=(256, 3)).astype("float32")}
 y = (x["a"][:, 0] > 0).astype("int32")
-zero = np.zeros(256, "float32")
+weight = (y == 0).astype("float32")  # 0 for class 1; class_weight gives class 0 the weight 0
 
 def build():
     a, b = keras.Input((6,), name="a"), keras.Input((3,), name="b")
@@ -62,7 +62,7 @@ def build():
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
-history = tfdist.fit(build, (x, y, zero), batch_size=32, epochs=2, steps_per_epoch=4, seed=0, verbose=0,
+history = tfdist.fit(build, (x, y, weight), class_weight={0: 0.0}, batch_size=32, epochs=2, steps_per_epoch=4, seed=0, verbose=0,
                      checkpoint_dir=sys.argv[1])
 weights = history.model.get_weights()
 json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
@@ -73,8 +73,9 @@ json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.gl
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("keras", ["3", "2"])
-def test_two_input_data_with_sample_weights_reaches_parameter_server_workers(procs, tmp_path, keras):
-    # Zero weights on every example: a dataset function that dropped them would train (loss > 0, weights move).
+def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_workers(procs, tmp_path, keras):
+    # Every example weighs 0, class 0 by its class weight and class 1 by its sample weight: a dataset
+    # function that dropped either would train (loss > 0, weights move).
     script = tmp_path / "weighted.py"
     script.write_text(WEIGHTED_SCRIPT)
     out_dir = tmp_path / "ckpt"

@@ -217,12 +217,13 @@ class RunMetadata:
     tfdist_version: str | None = None
     tensorflow_version: str | None = None
     data_order: dict | None = None
+    class_weight: dict | None = None
 
     # The TensorFlow version is part of the run: the data order comes from stateless random ops
     # (index_shuffle, philox), whose outputs TensorFlow does not promise to keep across versions.
     MUST_MATCH: ClassVar[tuple[str, ...]] = (
         "global_batch_size", "data_fingerprint", "model_fingerprint", "seed", "shuffle", "data_order",
-        "tensorflow_version",
+        "tensorflow_version", "class_weight",
     )
 
     def differences(self, saved: "Metadata") -> list[str]:

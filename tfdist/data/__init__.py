@@ -28,7 +28,8 @@ Sources (what ``fit`` accepts as ``data``):
   and an unknown length costs a counting pass (a warning says so, and names the file source
   as the fix).
 
-Modules: ``batching`` (BatchSizes; no TensorFlow), ``order`` (DataPlan, seeded keys and
+Modules: ``batching`` (BatchSizes; no TensorFlow), ``class_weights`` (Keras' ``class_weight``, applied
+in the pipeline), ``order`` (DataPlan, seeded keys and
 permutations), ``arrays``, ``indexed``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
 and offset reads), ``stream``, ``tfds``, ``features`` (JSON feature specs), ``pipeline`` (what
 ``fit`` calls), ``loading`` (named data).
@@ -41,6 +42,7 @@ checkpoint) -> ``dataset_fn(source, plan, start_step=..., stop_step=...)`` for
 
 from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource
 from tfdist.data.batching import DEFAULT_PER_REPLICA_BATCH, BatchSizes
+from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import Layout, TFRecordSource
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.loading import as_source, load, load_digits, load_npz, num_classes
@@ -51,6 +53,7 @@ from tfdist.data.stream import DEFAULT_SHUFFLE_BUFFER, StreamSource
 __all__ = [
     "ArraySource",
     "BatchSizes",
+    "ClassWeights",
     "DataPlan",
     "DEFAULT_PER_REPLICA_BATCH",
     "DEFAULT_SHUFFLE_BUFFER",

@@ -10,6 +10,7 @@ from tfdist.data import order as order_mod
 from tfdist.data.arrays import ArraySource
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.batching import BatchSizes
+from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import TFRecordSource
 from tfdist.data.order import DataPlan
 from tfdist.data.stream import COSTS, StreamSource
@@ -113,6 +114,7 @@ def dataset_fn(
     start_step: int,
     stop_step: int | None = None,
     parameter_server: bool = False,
+    class_weight: ClassWeights | None = None,
 ) -> Callable[[Any], "tf.data.Dataset"]:
     """A ``dataset_fn(input_context)`` for ``distribute_datasets_from_function``.
 
@@ -121,7 +123,7 @@ def dataset_fn(
     the global batch -- consecutive elements going to its local replicas in order. Parameter
     servers (``parameter_server=True``): each worker runs whole steps, so worker ``w`` of ``W``
     yields the global batches of steps ``start_step + w``, ``+ W``, ... forever (the
-    coordinator decides how many it runs).
+    coordinator decides how many it runs). ``class_weight`` weighs each example by its class.
     """
     if isinstance(source, TFRecordSource):
         if plan.layout is None:
@@ -135,7 +137,12 @@ def dataset_fn(
                                    parameter_server=parameter_server)
 
     def make(input_context=None):
-        return _finish(inner(input_context))
+        import tensorflow as tf
+
+        ds = inner(input_context)
+        if class_weight is not None:
+            ds = ds.map(class_weight.weigh, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return _finish(ds)
 
     return make
 

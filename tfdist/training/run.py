@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, storage
 from tfdist import data as data_mod
@@ -53,6 +53,7 @@ def fit(
     deterministic: bool = False,
     verbose: int | str = "auto",
     shuffle: bool = True,
+    class_weight: Mapping[int, float] | None = None,
     grad_accum_steps: int = 1,
     mixed_precision: str | None = None,
     checkpoint_dir: str | None = None,
@@ -84,6 +85,8 @@ def fit(
         name: ``"digits"``, ``"tfds:NAME"``, or a path to an ``.npz`` with ``x`` and ``y``.
         As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or
         outputs), and a third element ``sample_weight`` weighs each example.
+      class_weight: as in Keras, ``{class number: weight}`` weighs each training example by
+        its label's class (classes left out weigh 1; a ``sample_weight`` is multiplied).
       batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
         batch. Give one; global = grad_accum_steps x replicas x micro batch.
       checkpoint_dir: enables checkpoints (every ``save_every_steps`` steps / every
@@ -117,7 +120,7 @@ def fit(
     shape = _data_plan(
         data, validation_data, strat, traits, epochs=epochs, batch_size=batch_size,
         per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
-        steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, recorded=recorded,
+        steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, class_weight=class_weight, recorded=recorded,
     )
     # 3. Model in scope.
     adapter, built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
@@ -157,6 +160,7 @@ class _Shape:
     validation: Any
     sizes: data_mod.BatchSizes
     plan: data_mod.DataPlan
+    class_weight: data_mod.ClassWeights | None = None
 
 
 # --- 0. arguments ------------------------------------------------------------------------------
@@ -206,7 +210,7 @@ def _seed(seed: int | None, *, deterministic: bool, recorded: layout.Metadata | 
 
 # --- 2. data plan ------------------------------------------------------------------------------
 def _data_plan(data, validation_data, strat, traits, *, epochs, batch_size, per_replica_batch_size,
-               grad_accum_steps, steps_per_epoch, seed, shuffle, recorded) -> _Shape:
+               grad_accum_steps, steps_per_epoch, seed, shuffle, class_weight, recorded) -> _Shape:
     """Reads the data's description (not the data), resolves the batch sizes and the steps; a
     resume keeps the recorded data order (e.g. a file source's streams)."""
     if isinstance(data, str):
@@ -214,6 +218,9 @@ def _data_plan(data, validation_data, strat, traits, *, epochs, batch_size, per_
         validation_data = default_validation if validation_data is None else validation_data
     else:
         source = data_mod.as_source(data)
+    class_weight = data_mod.ClassWeights.of(class_weight)
+    if class_weight is not None:
+        class_weight.check_labels(source.sample(1), source_name=getattr(source, "name", "the data"))
     sizes = data_mod.BatchSizes.resolve(
         num_replicas=strat.num_replicas_in_sync, batch_size=batch_size,
         per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
@@ -225,7 +232,7 @@ def _data_plan(data, validation_data, strat, traits, *, epochs, batch_size, per_
     )
     log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), plan.steps_per_epoch, epochs)
     validation = data_mod.as_source(validation_data) if validation_data is not None else None
-    return _Shape(source=source, validation=validation, sizes=sizes, plan=plan)
+    return _Shape(source=source, validation=validation, sizes=sizes, plan=plan, class_weight=class_weight)
 
 
 # --- 3. model in scope -------------------------------------------------------------------------
@@ -272,6 +279,7 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         tfdist_version=tfdist.__version__,
         tensorflow_version=tf.__version__,
         data_order=plan.order_record(),
+        class_weight=shape.class_weight.record() if shape.class_weight is not None else None,
     )
     checkpointer = Checkpointer(
         options=options, state=adapter.state(built), strategy=strat, is_chief=cluster.is_chief,
@@ -320,11 +328,12 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
     that every worker runs, handed over the way the model's Keras wants them."""
     plan, sizes = shape.plan, shape.sizes
     if traits.coordinated:
-        train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True))
+        train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True,
+                                                        class_weight=shape.class_weight))
     else:
-        train = strat.distribute_datasets_from_function(
-            _endless(data_mod.dataset_fn(shape.source, plan, start_step=start_step, stop_step=plan.total_steps))
-        )
+        train = strat.distribute_datasets_from_function(_endless(data_mod.dataset_fn(
+            shape.source, plan, start_step=start_step, stop_step=plan.total_steps, class_weight=shape.class_weight,
+        )))
     if shape.validation is None:
         return train, None, None
     validation, steps = data_mod.validation_input(shape.validation, sizes, strategy=strat,

@@ -48,3 +48,24 @@ def test_exit_codes_tell_bad_input_from_failures():
     assert errors.PeerUnavailableError("x").exit_code == env.EXIT_PEER_LOST
     assert errors.describe(IndexError()) == "IndexError"  # an exception without a message
     assert errors.describe(ValueError("first\nsecond")) == "ValueError: first"
+
+
+def test_train_class_weight_flag_is_parsed_refused_in_one_line_and_weighs_training(tmp_path, capsys):
+    import json
+
+    from tfdist.cli import main
+    from tfdist.cli.train import _class_weight
+
+    assert _class_weight("0=1,3=5.5") == {0: 1.0, 3: 5.5}
+    for bad in ("0:1", "a=1", "0=-1", "-1=2", "0=nan", "0=inf", "0=1,"):
+        with pytest.raises(SystemExit) as info:
+            main(["train", f"--class-weight={bad}"])
+        assert info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "expected CLASS=WEIGHT pairs" in err and repr(bad) in err, err
+    # Every class weighs 0: nothing to learn from, so the loss is 0.
+    zero = ",".join(f"{c}=0" for c in range(10))
+    summary = tmp_path / "summary.json"
+    assert main(["train", "--class-weight", zero, "--epochs", "1", "--steps-per-epoch", "2", "--verbose", "0",
+                 "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)]) == 0
+    assert json.loads(summary.read_text())["final_loss"] == 0.0

@@ -30,6 +30,22 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _class_weight(text: str) -> dict[int, float]:
+    """``0=1,1=5.5`` -> ``{0: 1.0, 1: 5.5}``."""
+    weights = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        try:
+            if not sep or int(key) < 0 or not float(value) >= 0 or float(value) == float("inf"):
+                raise ValueError
+            weights[int(key)] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected CLASS=WEIGHT pairs separated by commas (class >= 0, weight >= 0), e.g. 0=1,1=5; "
+                f"received {text!r}") from None
+    return weights
+
+
 def register(subparsers) -> None:
     from tfdist.models import DEFAULT_KERAS, DEFAULT_MODEL, KERAS_VERSIONS, MODELS
 
@@ -54,6 +70,8 @@ def register(subparsers) -> None:
                        "or tfds:NAME (that data set's features)")
     model.add_argument("--validation-data", default=None, metavar="FILES",
                        help="TFRecord validation files (a path or a quoted glob), parsed with --features")
+    model.add_argument("--class-weight", type=_class_weight, default=None, metavar="C=W,...",
+                       help="weigh training examples by class, e.g. 0=1,1=5 (classes left out weigh 1)")
     model.add_argument("--learning-rate", type=_positive_float, default=2e-3, help="Adam learning rate (default 0.002)")
     model.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None, help="Keras mixed-precision policy")
 
@@ -172,6 +190,7 @@ def run_command(args: argparse.Namespace) -> int:
         deterministic=args.deterministic,
         verbose=args.verbose if args.verbose is not None else "auto",
         grad_accum_steps=args.grad_accum_steps,
+        class_weight=args.class_weight,
         mixed_precision=args.mixed_precision,
         checkpoint_dir=checkpoint_dir,
         save_every_steps=args.save_every_steps,

@@ -1,4 +1,5 @@
-"""Shared fixtures: environment-leak guard, subprocess helpers, checkpoint comparison."""
+"""Shared fixtures: environment-leak guard, subprocess helpers, checkpoint and weight comparison,
+a callback that crashes a run."""
 
 from __future__ import annotations
 
@@ -127,3 +128,30 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.1, what: str = "c
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def same_weights(a, b) -> bool:
+    """Whether two Keras models hold the same weights, bit for bit."""
+    wa, wb = a.get_weights(), b.get_weights()
+    return len(wa) == len(wb) > 0 and all(np.array_equal(p, q) for p, q in zip(wa, wb))
+
+
+class Crash(Exception):
+    """What ``crash_after``'s callback raises: a failure in the middle of a run."""
+
+
+def crash_after(step: int, keras_name: str = "keras"):
+    """A callback of ``keras_name`` that raises ``Crash`` at the end of this run's ``step``-th
+    train batch, counted across epochs (before tfdist saves that step: its callback runs after
+    the user's)."""
+    keras = __import__(keras_name)
+
+    class CrashAfter(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == step:
+                raise Crash(f"crashed after step {step} of this run")
+
+    return CrashAfter()

@@ -14,7 +14,7 @@ from tfdist.checkpoint import layout
 from tfdist.errors import ModelError
 from tfdist.training.callback_state import CallbackState
 
-from conftest import assert_bit_identical, checkpoint_tensors
+from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after
 
 KERASES = ["keras", "tf_keras"]
 
@@ -114,10 +114,6 @@ def test_a_csv_logger_appends_in_a_resumed_run_only(keras_name, tmp_path):
 
 
 # --- whole runs ------------------------------------------------------------------------------
-class _Crash(Exception):
-    pass
-
-
 def _build(keras_name: str):
     def make():
         keras = __import__(keras_name)
@@ -152,21 +148,13 @@ def _callbacks(keras_name: str, csv_path, *, crash_at: int | None = None) -> lis
         def load_state_dict(self, state):
             self.batches = state["batches"]
 
-    class Crash(keras.callbacks.Callback):
-        seen = 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.seen += 1
-            if self.seen == crash_at:
-                raise _Crash()
-
     cbs = [
         keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=1, factor=0.5, min_delta=10.0),
         keras.callbacks.EarlyStopping(monitor="loss", patience=3, min_delta=10.0, restore_best_weights=True),
         keras.callbacks.CSVLogger(str(csv_path)),
         Counter(),
     ]
-    return cbs + ([Crash()] if crash_at else [])
+    return cbs + ([crash_after(crash_at, keras_name)] if crash_at else [])
 
 
 def _fit(keras_name, directory, csv_path, **kwargs):
@@ -192,7 +180,7 @@ def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted
     lr_key = "learning_rate" if "learning_rate" in reference.history else "lr"
     assert reference.history[lr_key] == pytest.approx([0.2, 0.2, 0.1, 0.05])
 
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         _fit(keras_name, tmp_path / "int", tmp_path / "int.csv", save_every_steps=save_every_steps,
              callbacks=_callbacks(keras_name, tmp_path / "int.csv", crash_at=crash_at))
     resumed_cbs = _callbacks(keras_name, tmp_path / "int.csv")
@@ -217,7 +205,7 @@ def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted
 def test_adding_or_removing_early_stopping_with_best_weights_on_resume_still_resumes(tmp_path, caplog):
     import keras
 
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         tfdist.fit(_build("keras"), "digits", epochs=3, batch_size=128, seed=3, strategy="one_device", verbose=0,
                    checkpoint_dir=str(tmp_path / "run"), save_every_steps=5,
                    callbacks=[_callbacks("keras", tmp_path / "x.csv", crash_at=13)[-1]])

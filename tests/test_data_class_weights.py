@@ -15,7 +15,7 @@ import tfdist
 from tfdist.data.class_weights import ClassWeights
 from tfdist.errors import CheckpointMismatchError, DataError
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors
+from conftest import Crash, assert_bit_identical, base_env, checkpoint_tensors, crash_after, same_weights
 
 KERASES = ["keras", "tf_keras"]
 _RNG = np.random.RandomState(7)
@@ -50,11 +50,6 @@ def _fit(data_, keras_name="keras", **kwargs):
     options = dict(epochs=2, batch_size=32, strategy="one_device", seed=4, deterministic=True, verbose=0)
     options.update(kwargs)
     return tfdist.fit(build(keras_name), data_, **options)
-
-
-def _same_weights(a, b) -> bool:
-    wa, wb = a.get_weights(), b.get_weights()
-    return len(wa) == len(wb) > 0 and all(np.array_equal(p, q) for p, q in zip(wa, wb))
 
 
 # --- the weights -------------------------------------------------------------------------------------
@@ -124,11 +119,11 @@ def test_fit_with_class_weight_trains_bit_identically_to_keras_fit_with_class_we
     theirs = build(keras_name, dropout=0.0)()
     # Keras 3 gives a class left out of the dict the weight 0 in some paths: name every class.
     theirs.fit(X, Y, batch_size=32, epochs=2, shuffle=False, verbose=0, class_weight={**CW, 2: 1.0})
-    assert _same_weights(ours.model, theirs)
+    assert same_weights(ours.model, theirs)
     assert ours.history["loss"] == pytest.approx(theirs.history.history["loss"], rel=1e-6)
     unweighted = build(keras_name, dropout=0.0)()
     unweighted.fit(X, Y, batch_size=32, epochs=2, shuffle=False, verbose=0)
-    assert not _same_weights(unweighted, theirs)
+    assert not same_weights(unweighted, theirs)
 
 
 @pytest.mark.parametrize("keras_name,accum", [("keras", 2), ("tf_keras", 1)])
@@ -155,32 +150,18 @@ def test_class_weight_from_files_equals_the_same_sample_weights_and_multiplies_a
     options = dict(grad_accum_steps=accum, batch_size=32)
     by_class = _fit(tfdist.TFRecordSource(files, parse(None)), keras_name, class_weight=CW, **options)
     by_sample = _fit(tfdist.TFRecordSource(files, parse(lambda f: tf.gather(table, f["y"]))), keras_name, **options)
-    assert _same_weights(by_class.model, by_sample.model)
+    assert same_weights(by_class.model, by_sample.model)
     both = _fit((X, Y, W), keras_name, class_weight=CW, **options)
     product = _fit((X, Y, W * _per_example(Y)), keras_name, **options)
-    assert _same_weights(both.model, product.model) and not _same_weights(both.model, by_class.model)
-
-
-class _Crash(Exception):
-    pass
+    assert same_weights(both.model, product.model) and not same_weights(both.model, by_class.model)
 
 
 @pytest.mark.parametrize("keras_name", KERASES)
 def test_a_class_weighted_run_killed_mid_epoch_resumes_bit_identically_and_refuses_other_weights(tmp_path, keras_name):
-    keras = __import__(keras_name)
-
-    class Crash(keras.callbacks.Callback):
-        seen = 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.seen += 1
-            if self.seen == 7:
-                raise _Crash()
-
     options = dict(epochs=2, class_weight=CW, save_every_steps=3, validation_data=(X, Y))
     reference = _fit((X, Y), keras_name, checkpoint_dir=str(tmp_path / "ref"), **options)
-    with pytest.raises(_Crash):
-        _fit((X, Y), keras_name, checkpoint_dir=str(tmp_path / "int"), callbacks=[Crash()], **options)
+    with pytest.raises(Crash):
+        _fit((X, Y), keras_name, checkpoint_dir=str(tmp_path / "int"), callbacks=[crash_after(7, keras_name)], **options)
     with pytest.raises(CheckpointMismatchError, match=r"class_weight: checkpoint \{'0': 0.5, '1': 2.0, '3': 4.0\}, "
                                                       r"this run \{'0': 1.0, '1': 1.0\}"):
         _fit((X, Y), keras_name, checkpoint_dir=str(tmp_path / "int"), **{**options, "class_weight": {0: 1, 1: 1}})
@@ -196,15 +177,16 @@ _MIRRORED = textwrap.dedent(
     import json
     import tfdist
     devices = tfdist.split_cpu(2)
-    from test_data_class_weights import CW, X, Y, _fit, _per_example, _same_weights
+    from test_data_class_weights import CW, X, Y, _fit, _per_example
+    from conftest import same_weights
 
     options = dict(strategy="mirrored", devices=devices, grad_accum_steps=2, epochs=1)
     by_class = _fit((X, Y), class_weight=CW, **options)
     by_sample = _fit((X, Y, _per_example(Y)), **options)
     unweighted = _fit((X, Y), **options)
     print("RESULT " + json.dumps({"replicas": by_class.tfdist.num_replicas,
-                                  "same": _same_weights(by_class.model, by_sample.model),
-                                  "weighed": not _same_weights(by_class.model, unweighted.model)}))
+                                  "same": same_weights(by_class.model, by_sample.model),
+                                  "weighed": not same_weights(by_class.model, unweighted.model)}))
     """
 )
 

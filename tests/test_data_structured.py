@@ -15,7 +15,7 @@ from tfdist import data
 from tfdist.data.arrays import hash_arrays
 from tfdist.errors import DataError
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors
+from conftest import Crash, assert_bit_identical, base_env, checkpoint_tensors, crash_after
 
 _RNG = np.random.RandomState(5)
 N = 192
@@ -187,30 +187,12 @@ def test_sample_weights_weigh_training_and_validation_from_every_source(tmp_path
 def test_a_two_input_weighted_run_killed_mid_epoch_resumes_bit_identically(tmp_path, keras_name, accum):
     options = dict(epochs=2, grad_accum_steps=accum, validation_data=(X, Y, W), save_every_steps=4)
     reference = _fit((X, Y, W), keras_name, checkpoint_dir=str(tmp_path / "ref"), **options)
-    with pytest.raises(_Crash):
-        _fit((X, Y, W), keras_name, checkpoint_dir=str(tmp_path / "int"), callbacks=[_crash_at(9, keras_name)], **options)
+    with pytest.raises(Crash):
+        _fit((X, Y, W), keras_name, checkpoint_dir=str(tmp_path / "int"), callbacks=[crash_after(9, keras_name)], **options)
     resumed = _fit((X, Y, W), keras_name, checkpoint_dir=str(tmp_path / "int"), **options)
     assert resumed.tfdist.start_step == 8 and resumed.tfdist.global_step == 12
     assert resumed.history == reference.history
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
-
-
-class _Crash(Exception):
-    pass
-
-
-def _crash_at(step: int, keras_name: str):
-    keras = __import__(keras_name)
-
-    class Crash(keras.callbacks.Callback):
-        seen = 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.seen += 1  # steps of this run, across epochs
-            if self.seen == step:
-                raise _Crash()
-
-    return Crash()
 
 
 # Two replicas need two logical CPUs, set before TensorFlow's runtime starts: a fresh process.
@@ -220,8 +202,8 @@ _MIRRORED = textwrap.dedent(
     import tfdist
     devices = tfdist.split_cpu(2)
     import numpy as np
-    from test_data_structured import X, Y, W, build, _fit, _crash_at, _Crash
-    from conftest import checkpoint_tensors
+    from test_data_structured import X, Y, W, build, _fit
+    from conftest import Crash, checkpoint_tensors, crash_after
 
     # No dropout and synchronized statistics: two replicas then train as one device does.
     root = sys.argv[1]
@@ -229,9 +211,9 @@ _MIRRORED = textwrap.dedent(
     one = _fit((X, Y, W), **options)
     ref = _fit((X, Y, W), strategy="mirrored", devices=devices, checkpoint_dir=root + "/ref", **options)
     try:
-        _fit((X, Y, W), strategy="mirrored", devices=devices, checkpoint_dir=root + "/int", callbacks=[_crash_at(7, "keras")],
+        _fit((X, Y, W), strategy="mirrored", devices=devices, checkpoint_dir=root + "/int", callbacks=[crash_after(7, "keras")],
              **options)
-    except _Crash:
+    except Crash:
         pass
     resumed = _fit((X, Y, W), strategy="mirrored", devices=devices, checkpoint_dir=root + "/int", **options)
     a, b = checkpoint_tensors(root + "/ref"), checkpoint_tensors(root + "/int")

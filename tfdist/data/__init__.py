@@ -40,7 +40,7 @@ checkpoint) -> ``dataset_fn(source, plan, start_step=..., stop_step=...)`` for
 ``distribute_datasets_from_function`` -> ``validation_input``.
 """
 
-from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource
+from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource, check_validation_split
 from tfdist.data.batching import DEFAULT_PER_REPLICA_BATCH, BatchSizes
 from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import Layout, TFRecordSource
@@ -63,6 +63,7 @@ __all__ = [
     "StreamSource",
     "TFRecordSource",
     "as_source",
+    "check_validation_split",
     "dataset_fn",
     "load",
     "load_digits",

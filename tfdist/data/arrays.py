@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from tfdist import _checks
 from tfdist.errors import DataError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +60,13 @@ def _named(element: tuple, parts: tuple[str, ...]) -> tuple:
         return name
 
     return tuple(walk(value, part) for value, part in zip(element, parts))
+
+
+def check_validation_split(fraction: Any) -> None:
+    """Refuses a ``validation_split`` that is not a fraction strictly between 0 and 1."""
+    if not (_checks.is_real(fraction) and 0 < fraction < 1):
+        raise DataError(f"Invalid `validation_split`; received validation_split={fraction!r}. "
+                        "Fix: pass a fraction between 0 and 1 (e.g. 0.2), or 0 for none.")
 
 
 class ArraySource:
@@ -154,6 +162,21 @@ class ArraySource:
             return tf.nest.pack_sequence_as(element, rows)
 
         return gather
+
+    def split(self, fraction: float) -> tuple["ArraySource", "ArraySource"]:
+        """Keras' ``validation_split``: (the first examples, the last ``fraction`` of them), taken
+        before any shuffling, sample weights included."""
+        import tensorflow as tf
+
+        check_validation_split(fraction)
+        cut = int(np.floor(self.num_examples * (1.0 - fraction)))  # as Keras
+        if cut == 0 or cut == self.num_examples:
+            part = "training" if cut == 0 else "validation"
+            raise DataError(f"validation_split={fraction!r} of {self.num_examples} examples leaves no {part} examples; "
+                            f"received {self.name}. Fix: pass a fraction that leaves both parts at least one example.")
+        halves = [tf.nest.map_structure(lambda a, s=s: a[s], self._element) for s in (slice(None, cut), slice(cut, None))]
+        return (ArraySource(*halves[0], name=f"{self.name}[:{cut}]"),
+                ArraySource(*halves[1], name=f"{self.name}[{cut}:]"))
 
     def sample(self, count: int) -> tuple:
         """The first ``count`` examples: ``(x, y)`` or ``(x, y, sample_weight)``, as given."""

@@ -287,7 +287,8 @@ class TfKeras:
     def settle(self, model) -> None:
         settle(model)
 
-    def run(self, model, controller, *, train_data, validation_data, validation_steps, plan, callbacks, verbose):
+    def run(self, model, controller, *, train_data, validation_data, validation_steps, validation_freq, plan,
+            callbacks, verbose):
         """Runs tf_keras' fit from the controller's start; returns its History."""
         from tfdist.training.callback import TrainingCallback
 
@@ -298,6 +299,7 @@ class TfKeras:
             steps_per_epoch=plan.steps_per_epoch,
             validation_data=validation_data,
             validation_steps=validation_steps,
+            validation_freq=validation_freq,
             callbacks=[*(callbacks or []), TrainingCallback(controller)],
             verbose=verbose,
         )

@@ -465,14 +465,15 @@ class Keras3:
         if self._coordinator is not None:
             self._coordinator.join()
 
-    def run(self, model, controller, *, train_data, validation_data, validation_steps, plan, callbacks, verbose):
+    def run(self, model, controller, *, train_data, validation_data, validation_steps, validation_freq, plan,
+            callbacks, verbose):
         """Runs tfdist's loop from the controller's start; returns the Keras 3 History."""
         from tfdist.training.loop import run_loop
 
         return run_loop(
             model, strategy=self.strategy, train_data=train_data, steps_per_epoch=plan.steps_per_epoch,
             epochs=plan.epochs, start_step=controller.start.global_step, validation_data=validation_data,
-            validation_steps=validation_steps, callbacks=callbacks or (), verbose=verbose,
+            validation_steps=validation_steps, validation_freq=validation_freq, callbacks=callbacks or (), verbose=verbose,
             steps_per_execution=int(getattr(model, "steps_per_execution", 1) or 1),
             grad_accum_steps=self._grad_accum_steps, hooks=_ControllerHooks(controller, model),
             coordinator=self._coordinator,

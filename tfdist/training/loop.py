@@ -157,6 +157,7 @@ def run_loop(
     start_step: int = 0,
     validation_data=None,
     validation_steps: int | None = None,
+    validation_freq: int = 1,
     callbacks: Sequence[Any] = (),
     verbose: int = 1,
     steps_per_execution: int = 1,
@@ -182,6 +183,7 @@ def run_loop(
       validation_data: after each epoch. Synchronous strategies: a batched ``tf.data.Dataset``
         or a distributed dataset, read to its end (or ``validation_steps`` batches).
         Parameter servers: a per-worker dataset that never ends; ``validation_steps`` is then required.
+      validation_freq: validate after every ``validation_freq``-th epoch (epochs counted from 1), as Keras.
       callbacks: Keras 3 callbacks; they receive the calls ``model.fit`` makes, with the
         batch index within the epoch (a resumed epoch starts at its real step). A progress
         bar is added unless ``verbose == 0``.
@@ -201,6 +203,7 @@ def run_loop(
     _checks.check_int("start_step", start_step, error=DataError, minimum=0)
     _checks.check_int("steps_per_execution", steps_per_execution, error=DataError, minimum=1)
     _checks.check_int("grad_accum_steps", grad_accum_steps, error=DataError, minimum=1)
+    _checks.check_int("validation_freq", validation_freq, error=DataError, minimum=1)
     kind = _kind(strategy)
     parameter_server = kind == "parameter_server"
     if parameter_server != (coordinator is not None):
@@ -232,6 +235,7 @@ def run_loop(
         list(callbacks), add_history=True, add_progbar=verbose != 0, model=model,
         verbose=verbose, epochs=epochs, steps=steps_per_epoch,
     )
+    history = next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
     model.stop_training = False
     iterator = iter(train_data)
     step = start_step
@@ -264,15 +268,17 @@ def run_loop(
             with strategy.scope():
                 logs = model.get_metrics_result()
         epoch_logs = _floats(logs)
-        if validation_data is not None:
+        if validation_data is not None and (epoch + 1) % validation_freq == 0:
             epoch_logs.update(
                 {f"val_{k}": v for k, v in _validate(model, strategy, functions, callback_list, validation_data,
                                                      validation_steps, coordinator).items()}
             )
+        recorded = {key: len(values) for key, values in history.history.items()}
         callback_list.on_epoch_end(epoch, epoch_logs)
-        history = model.history
         if history.epoch and history.epoch[-1] == epoch:  # what History recorded, with keys callbacks added
-            epoch_logs = {key: values[-1] for key, values in history.history.items()}
+            # Only this epoch's keys: an epoch without validation (validation_freq) has no val_ ones.
+            epoch_logs = {key: values[-1] for key, values in history.history.items()
+                          if len(values) > recorded.get(key, 0)}
         hooks.on_epoch_end(epoch, dict(epoch_logs))
         if model.stop_training:
             break

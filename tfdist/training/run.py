@@ -48,6 +48,8 @@ def fit(
     steps_per_epoch: int | None = None,
     strategy: Any = "auto",
     validation_data: Any = None,
+    validation_split: float = 0.0,
+    validation_freq: int = 1,
     callbacks: Sequence[Any] | None = None,
     seed: int | None = None,
     deterministic: bool = False,
@@ -85,6 +87,9 @@ def fit(
         name: ``"digits"``, ``"tfds:NAME"``, or a path to an ``.npz`` with ``x`` and ``y``.
         As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or
         outputs), and a third element ``sample_weight`` weighs each example.
+      validation_data: data in any form ``data`` takes, evaluated after every
+        ``validation_freq``-th epoch (as in Keras). validation_split: as in Keras, the last
+        fraction of in-memory arrays (taken before shuffling) held out as validation data.
       class_weight: as in Keras, ``{class number: weight}`` weighs each training example by
         its label's class (classes left out weigh 1; a ``sample_weight`` is multiplied).
       batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
@@ -98,7 +103,8 @@ def fit(
     with code 75 (``tfdist.env.EXIT_PREEMPTED``); running the same call again resumes.
     """
     wall_start = time.monotonic()
-    _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks)
+    _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks,
+                     validation_freq=validation_freq)
     options = _checkpoint_options(
         checkpoint_dir, save_every_steps=save_every_steps, save_every_seconds=save_every_seconds, keep=keep,
         keep_every_hours=keep_every_hours, async_save=async_save, resume=resume, allow_changes=allow_changes,
@@ -118,7 +124,8 @@ def fit(
     traits = strategy_mod.traits(strat, cluster)
     # 2. Data plan.
     shape = _data_plan(
-        data, validation_data, strat, traits, epochs=epochs, batch_size=batch_size,
+        data, validation_data, strat, traits, validation_split=validation_split, validation_freq=validation_freq,
+        epochs=epochs, batch_size=batch_size,
         per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
         steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, class_weight=class_weight, recorded=recorded,
     )
@@ -161,13 +168,16 @@ class _Shape:
     sizes: data_mod.BatchSizes
     plan: data_mod.DataPlan
     class_weight: data_mod.ClassWeights | None = None
+    validation_freq: int = 1  # validate after every validation_freq-th epoch
 
 
 # --- 0. arguments ------------------------------------------------------------------------------
-def _check_arguments(*, model, epochs, grad_accum_steps, callbacks) -> None:
+def _check_arguments(*, model, epochs, grad_accum_steps, callbacks, validation_freq) -> None:
     """Refuses, before anything starts, what can never work."""
     _checks.check_int("epochs", epochs, error=DataError)
     _checks.check_int("grad_accum_steps", grad_accum_steps, error=DataError)
+    _checks.check_int("validation_freq", validation_freq, error=DataError,
+                      fix="pass the number of epochs between validations, e.g. validation_freq=2.")
     model_mod.check_argument(model)
     model_mod.check_callbacks(callbacks)
 
@@ -209,15 +219,19 @@ def _seed(seed: int | None, *, deterministic: bool, recorded: layout.Metadata | 
 
 
 # --- 2. data plan ------------------------------------------------------------------------------
-def _data_plan(data, validation_data, strat, traits, *, epochs, batch_size, per_replica_batch_size,
-               grad_accum_steps, steps_per_epoch, seed, shuffle, class_weight, recorded) -> _Shape:
+def _data_plan(data, validation_data, strat, traits, *, validation_split, validation_freq, epochs, batch_size,
+               per_replica_batch_size, grad_accum_steps, steps_per_epoch, seed, shuffle, class_weight,
+               recorded) -> _Shape:
     """Reads the data's description (not the data), resolves the batch sizes and the steps; a
     resume keeps the recorded data order (e.g. a file source's streams)."""
     if isinstance(data, str):
         source, default_validation = data_mod.load(data)
-        validation_data = default_validation if validation_data is None else validation_data
     else:
-        source = data_mod.as_source(data)
+        source, default_validation = data_mod.as_source(data), None
+    if validation_split:
+        source, default_validation = _split_off_validation(source, validation_split, data=data,
+                                                           validation_data=validation_data)
+    validation_data = default_validation if validation_data is None else validation_data
     class_weight = data_mod.ClassWeights.of(class_weight)
     if class_weight is not None:
         class_weight.check_labels(source.sample(1), source_name=getattr(source, "name", "the data"))
@@ -232,7 +246,23 @@ def _data_plan(data, validation_data, strat, traits, *, epochs, batch_size, per_
     )
     log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), plan.steps_per_epoch, epochs)
     validation = data_mod.as_source(validation_data) if validation_data is not None else None
-    return _Shape(source=source, validation=validation, sizes=sizes, plan=plan, class_weight=class_weight)
+    return _Shape(source=source, validation=validation, sizes=sizes, plan=plan, class_weight=class_weight,
+                  validation_freq=validation_freq)
+
+
+def _split_off_validation(source, fraction, *, data, validation_data) -> tuple[Any, Any]:
+    """Keras' ``validation_split``: (training source, validation source) of in-memory arrays."""
+    if validation_data is not None:
+        raise DataError(f"both validation_data and validation_split={fraction!r} were given. "
+                        "Fix: pass one of them (validation_split holds out the last part of the arrays).")
+    data_mod.check_validation_split(fraction)
+    if isinstance(data, str):
+        raise DataError(f"validation_split applies to in-memory arrays only; received data={data!r}. Fix: leave "
+                        "validation_split out: a named data set brings its own validation split (or pass validation_data).")
+    if not isinstance(source, data_mod.ArraySource):
+        raise DataError(f"validation_split applies to in-memory arrays only; received data of type {type(data).__name__}. "
+                        "Fix: pass validation_data (e.g. separate TFRecord files, or a dataset of held-out examples).")
+    return source.split(fraction)
 
 
 # --- 3. model in scope -------------------------------------------------------------------------
@@ -404,7 +434,7 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
             if controller.start.global_step < plan.total_steps:
                 history = adapter.run(
                     built, controller, train_data=train_data, validation_data=val_data,
-                    validation_steps=validation_steps, plan=plan, callbacks=callbacks,
+                    validation_steps=validation_steps, validation_freq=shape.validation_freq, plan=plan, callbacks=callbacks,
                     verbose=_verbosity(verbose, cluster),
                 )
     except Preempted as e:

@@ -50,7 +50,7 @@ def test_exit_codes_tell_bad_input_from_failures():
     assert errors.describe(ValueError("first\nsecond")) == "ValueError: first"
 
 
-def test_train_class_weight_flag_is_parsed_refused_in_one_line_and_weighs_training(tmp_path, capsys):
+def test_train_class_weight_and_validation_freq_flags_are_parsed_refused_in_one_line_and_used(tmp_path, capsys):
     import json
 
     from tfdist.cli import main
@@ -63,9 +63,13 @@ def test_train_class_weight_flag_is_parsed_refused_in_one_line_and_weighs_traini
         assert info.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert "expected CLASS=WEIGHT pairs" in err and repr(bad) in err, err
-    # Every class weighs 0: nothing to learn from, so the loss is 0.
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--validation-freq", "0"])
+    assert info.value.code == 2 and "--validation-freq" in capsys.readouterr().err
+    # Every class weighs 0: nothing to learn from, so the loss is 0; validation every 2nd epoch: none in 1.
     zero = ",".join(f"{c}=0" for c in range(10))
     summary = tmp_path / "summary.json"
     assert main(["train", "--class-weight", zero, "--epochs", "1", "--steps-per-epoch", "2", "--verbose", "0",
-                 "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)]) == 0
-    assert json.loads(summary.read_text())["final_loss"] == 0.0
+                 "--validation-freq", "2", "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)]) == 0
+    record = json.loads(summary.read_text())
+    assert record["final_loss"] == 0.0 and record["val_accuracy"] is None

@@ -70,6 +70,8 @@ def register(subparsers) -> None:
                        "or tfds:NAME (that data set's features)")
     model.add_argument("--validation-data", default=None, metavar="FILES",
                        help="TFRecord validation files (a path or a quoted glob), parsed with --features")
+    model.add_argument("--validation-freq", type=_positive_int, default=1, metavar="N",
+                       help="validate after every N-th epoch (default 1)")
     model.add_argument("--class-weight", type=_class_weight, default=None, metavar="C=W,...",
                        help="weigh training examples by class, e.g. 0=1,1=5 (classes left out weigh 1)")
     model.add_argument("--learning-rate", type=_positive_float, default=2e-3, help="Adam learning rate (default 0.002)")
@@ -185,6 +187,7 @@ def run_command(args: argparse.Namespace) -> int:
         steps_per_epoch=args.steps_per_epoch,
         strategy=args.strategy,
         validation_data=validation,
+        validation_freq=args.validation_freq,
         callbacks=[models.keras_module(args.keras).callbacks.TensorBoard(log_dir=log_dir)],
         seed=args.seed,
         deterministic=args.deterministic,

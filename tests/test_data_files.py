@@ -96,6 +96,21 @@ def test_every_example_once_per_epoch_and_each_epoch_differs(source, two_replica
     assert _read(source, _plan(source, replicas=2, batch=16, seed=6)) != batches
 
 
+def test_validation_reads_every_record_once_in_batches_whose_count_keras_is_told(source):
+    import warnings
+
+    import keras
+
+    ds = data.validation_dataset(source, 64)
+    assert int(ds.cardinality()) == -(-1000 // 64) == 16  # 1,000 records: 15 full batches and one of 40
+    assert sum(_ids(ds), []) == list(range(1000))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with warnings.catch_warnings():  # unknown-length data makes Keras 3 warn "ran out of data" each time
+        warnings.simplefilter("error")
+        model.evaluate(ds.map(lambda x, y: (x, keras.ops.cast(y, "float32"))), verbose=0)
+
+
 def test_each_worker_reads_only_the_blocks_dealt_to_its_streams(source, two_replicas):
     plan = _plan(source, replicas=2, batch=16, shuffle=False)
     R = plan.layout.block_records

@@ -287,6 +287,8 @@ def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) 
     elif isinstance(source, TFRecordSource):
         ds = source.records_dataset(0, source.num_records).batch(batch_size).map(
             source._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        # Its length, known from the file index: Keras 3's evaluate warns "ran out of data" without it.
+        ds = ds.apply(tf.data.experimental.assert_cardinality(-(-source.num_records // batch_size)))
     else:
         ds = source.dataset.batch(batch_size)
     options = tf.data.Options()

@@ -30,6 +30,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6.29",

@@ -450,6 +450,120 @@ def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_loca
     assert os.listdir(workdir) == []
 
 
+def _leave_interrupted_writes(directory, *, age: float) -> dict:
+    """What writes killed mid-way leave in a checkpoint directory, last changed ``age`` seconds
+    ago (negative: in the future, i.e. after the next run begins); returns {name: is_dir}."""
+    import time
+
+    stamp = time.time() - age
+    made = {"ckpt-40_temp": True, "ckpt-41.tfdist.json.tmp-1234": False, "checkpoint.tmp5b7e2c": False,
+            ".tfdist-write-test-0a1b2c3d": False}
+    for name, is_dir in made.items():
+        path = directory / name
+        if is_dir:
+            path.mkdir()
+            (path / "part-00000-of-00001.data-00000-of-00001.tempstate123").write_bytes(b"\0" * 4096)
+            os.utime(path / "part-00000-of-00001.data-00000-of-00001.tempstate123", (stamp, stamp))
+        else:
+            path.write_text("partial")
+        os.utime(path, (stamp, stamp))
+    return made
+
+
+def test_resuming_removes_what_killed_writes_left_and_nothing_else(tmp_path, caplog):
+    # A save killed mid-way leaves ckpt-N_temp/ (as large as a checkpoint) and temporary files;
+    # saves every N seconds fall on other steps after a resume, so nothing else would remove them.
+    _fit(tmp_path, epochs=1)
+    replaced = tmp_path / "ckpt-3.index.replaced-20261125-000000"  # a corrupt checkpoint moved aside: kept
+    replaced.write_text("kept")
+    left = _leave_interrupted_writes(tmp_path, age=60)
+    kept_before = _tree_digest(tmp_path)
+    with caplog.at_level("INFO", logger="tfdist"):
+        resumed = _fit(tmp_path, epochs=2)
+    assert resumed.tfdist.start_step == 15
+    names = os.listdir(tmp_path)
+    assert not set(left) & set(names), names
+    assert replaced.name in names and "ckpt-30.index" in names
+    assert "removed what 4 interrupted write(s) left" in caplog.text and "ckpt-40_temp/ (4.1 kB)" in caplog.text
+    assert _tree_digest(tmp_path)[replaced.name] == kept_before[replaced.name]
+
+    # Changed after the run began: another process may still be writing there, so it stays.
+    left = _leave_interrupted_writes(tmp_path, age=-3600)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tfdist"):
+        _fit(tmp_path, epochs=3)
+    assert set(left) <= set(os.listdir(tmp_path))
+    assert "may be another process's write in flight" in caplog.text
+
+
+def test_a_directory_of_another_run_keeps_what_killed_writes_left(tmp_path):
+    from tfdist.errors import CheckpointMismatchError
+
+    _fit(tmp_path, epochs=1)
+    left = _leave_interrupted_writes(tmp_path, age=60)
+    before = _tree_digest(tmp_path)
+    with pytest.raises(CheckpointMismatchError):
+        _fit(tmp_path, epochs=2, batch_size=30)
+    assert _tree_digest(tmp_path) == before and set(left) <= set(os.listdir(tmp_path))
+
+
+def test_on_a_remote_filesystem_killed_writes_are_removed_through_it_and_kept_when_their_age_is_unknown(
+        tmp_path, monkeypatch, caplog):
+    import tensorflow as tf
+
+    from tfdist import storage
+
+    directory = "ram://tfdist-test/leftovers"
+    _fit(directory, epochs=1)
+
+    def leave():
+        tf.io.gfile.makedirs(f"{directory}/ckpt-40_temp")
+        for name in ("ckpt-40_temp/part-00000-of-00001.index", "ckpt-41.tfdist.json.tmp-0a1b2c3d"):
+            with tf.io.gfile.GFile(f"{directory}/{name}", "wb") as f:
+                f.write(b"partial")
+
+    # ram:// reports no modification times (gs:// does, for objects): an age it cannot know keeps them.
+    leave()
+    with caplog.at_level("INFO", logger="tfdist"):
+        _fit(directory, epochs=2)
+    assert {"ckpt-40_temp", "ckpt-41.tfdist.json.tmp-0a1b2c3d"} <= set(tf.io.gfile.listdir(directory))
+    assert "of unknown age" in caplog.text
+    # With the times an object store gives, they are removed through TensorFlow's filesystem layer.
+    monkeypatch.setattr(storage, "mtime", lambda path: 1.0e9)
+    _fit(directory, epochs=3)
+    left = [n for n in tf.io.gfile.listdir(directory) if "_temp" in n or ".tmp" in n]
+    assert left == [] and tf.io.gfile.exists(f"{directory}/ckpt-45.index")
+
+
+def test_a_task_started_again_reuses_its_scratch_directory_instead_of_leaving_another(tmp_path):
+    # A non-chief worker saves to a local throw-away directory and removes it when it ends; a
+    # killed one cannot, so its restart must empty and reuse it rather than add a checkpoint copy.
+    from tfdist import storage
+
+    key = str(tmp_path / "run" / "checkpoints")
+    first = storage.task_scratch_dir(purpose="ckpt", task_name="worker:1", key=key)
+    (open(os.path.join(first, "ckpt-8.data-00000-of-00001"), "wb")).write(b"\0" * 100)
+    again = storage.task_scratch_dir(purpose="ckpt", task_name="worker:1", key=key)
+    assert again == first == storage.task_scratch_path(purpose="ckpt", task_name="worker:1", key=key)
+    assert os.listdir(again) == []
+    other = storage.task_scratch_dir(purpose="ckpt", task_name="worker:2", key=key)
+    elsewhere = storage.task_scratch_dir(purpose="ckpt", task_name="worker:1", key=key + "2")
+    assert len({first, other, elsewhere}) == 3
+    # A name held by something else (here a link) is neither followed nor emptied: a fresh directory is used.
+    for path in (first, other, elsewhere):
+        os.rmdir(path)
+    target = tmp_path / "not-yours"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    os.symlink(target, first)
+    try:
+        fresh = storage.task_scratch_dir(purpose="ckpt", task_name="worker:1", key=key)
+        assert fresh != first and os.path.isdir(fresh) and os.listdir(target) == ["keep"]
+        os.rmdir(fresh)
+    finally:
+        os.remove(first)
+
+
 def test_a_scheme_tensorflow_cannot_open_is_refused_before_training(tmp_path, capsys):
     from tfdist.cli import main
     from tfdist.errors import StorageError

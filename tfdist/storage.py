@@ -15,14 +15,18 @@ rename is a copy and an object appears whole or not at all.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import posixpath
 import re
 import shutil
+import tempfile
 import uuid
 
 from tfdist.errors import StorageError, describe
 
+WRITE_PROBE_PREFIX = ".tfdist-write-test-"
+"""The name of the small file ``check_writable`` writes and removes at once."""
 _SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
 OBJECT_STORES = ("gs", "s3")
 """Schemes whose single object writes are atomic and whose renames are copies."""
@@ -136,11 +140,13 @@ def size(path: str) -> int:
 
 
 def mtime(path: str) -> float | None:
-    """Seconds since the epoch of the last change of ``path``; None if unknown."""
+    """Seconds since the epoch of the last change of ``path``; None if unknown (``ram://``, and a
+    directory on an object store, report 0)."""
     try:
-        return _gfile().stat(path).mtime_nsec / 1e9 if is_url(path) else os.path.getmtime(path)
+        seconds = _gfile().stat(path).mtime_nsec / 1e9 if is_url(path) else os.path.getmtime(path)
     except (OSError, _not_found()):
         return None
+    return seconds if seconds > 0 else None
 
 
 def read_bytes(path: str) -> bytes:
@@ -217,7 +223,7 @@ def check_writable(directory: str, *, what: str = "checkpoint_dir") -> None:
     """Creates ``directory`` and writes and removes a small file there; raises StorageError if
     that fails, naming the directory and the reason."""
     check_supported(directory, what=what)
-    probe = join(directory, f".tfdist-write-test-{uuid.uuid4().hex[:8]}")
+    probe = join(directory, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex[:8]}")
     try:
         makedirs(directory)
         write_atomic(probe, b"")
@@ -228,6 +234,32 @@ def check_writable(directory: str, *, what: str = "checkpoint_dir") -> None:
             f"the {what} is not writable; received {what}={directory!r} ({reason}). "
             "Fix: choose a directory you can write to, or fix its permissions."
         ) from None
+
+
+def task_scratch_dir(*, purpose: str, task_name: str, key: str) -> str:
+    """An empty local directory for one task's throw-away files (a non-chief worker's checkpoints
+    or TensorBoard logs), which the task removes when it ends.
+
+    A task that is killed cannot remove it. Its name is therefore the same for the same user,
+    task and run (``key``: what names the run, e.g. its checkpoint directory): the task, started
+    again on this machine, empties its predecessor's directory and reuses it, instead of adding
+    a copy of the checkpoint to the temporary folder at every kill. Where that name cannot be
+    had (another user's file holds it), a fresh temporary directory is used."""
+    path = task_scratch_path(purpose=purpose, task_name=task_name, key=key)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.mkdir(path, 0o700)
+    except OSError:
+        return tempfile.mkdtemp(prefix=os.path.basename(path) + "-")
+    return path
+
+
+def task_scratch_path(*, purpose: str, task_name: str, key: str) -> str:
+    """The path ``task_scratch_dir`` uses for these arguments (nothing is created)."""
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"tfdist-{purpose}-{uid}-{task_name.replace(':', '-')}-{digest}")
 
 
 def _not_found() -> type[Exception]:

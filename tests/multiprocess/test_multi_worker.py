@@ -4,6 +4,7 @@ The model is the built-in ``resnet`` (input noise, batch normalization, dropout,
 learning rate): each worker's replica keeps its own BatchNormalization statistics, which a
 resume must give back to it."""
 
+import glob
 import json
 import sys
 import time
@@ -46,6 +47,12 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
                          checkpoint_tensors(str(interrupted / "checkpoints")))
     assert resumed["final_loss"] == summary["final_loss"]
     assert _history(interrupted) == _history(reference)  # every epoch's metrics, the resumed one too
+    # worker:1's local copies of the checkpoints: the killed task's were emptied by its restart,
+    # which removed the directory when it ended, so no copy is left behind.
+    from tfdist import storage
+
+    scratch = storage.task_scratch_path(purpose="ckpt", task_name="worker:1", key=str(interrupted / "checkpoints"))
+    assert not glob.glob(scratch + "*"), glob.glob(scratch + "*")
 
     # SIGTERM reaches worker:1 alone at step 10: the workers agree on a step, both save there
     # and exit with 75, the launcher restarts the cluster, and the run ends identical.

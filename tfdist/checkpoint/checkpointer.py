@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import tempfile
 import time
 from typing import Any, Mapping, Sequence
 
@@ -178,11 +177,13 @@ class Checkpointer:
         self._metrics_root = tf.train.Checkpoint(**{layout.METRICS: self._metrics})
         if not options.resume:  # every worker, so that none waits in a collective for a chief that refused
             refuse_to_start_over(options.directory)
+        self._created_at = time.time()  # what the checkpoint directory holds from before is not this run's writing
         if is_chief:
             self.directory = options.directory
             storage.check_writable(self.directory)
         else:  # tf.distribute: non-chief workers save too, to a local place that is thrown away
-            self.directory = tempfile.mkdtemp(prefix=f"tfdist-{task_name.replace(':', '-')}-")
+            self.directory = storage.task_scratch_dir(purpose="ckpt", task_name=task_name,
+                                                      key=storage.absolute(options.directory))
         self.manager = tf.train.CheckpointManager(
             self.root,
             self.directory,
@@ -287,6 +288,36 @@ class Checkpointer:
             if prefix != keep and not layout.checkpoint_files(prefix):
                 storage.remove(meta)
 
+    def _remove_interrupted_writes(self) -> None:
+        """Removes what writes killed before this run began left in the checkpoint directory
+        (``layout.interrupted_writes``: a save's ``ckpt-<step>_temp/``, as large as a checkpoint,
+        and temporary files). They are never a complete checkpoint, and nothing would ever remove
+        them: a step saved again replaces its own, but saves every N seconds fall on other steps.
+        What changed after this run began (another process may still be writing) is left."""
+        from tfdist.planning.units import format_bytes
+
+        removed, kept = [], []
+        for path in layout.interrupted_writes(self.directory):
+            is_dir = storage.isdir(path)
+            changes = [storage.mtime(p) for p in [path] + (
+                [storage.join(path, name) for name in storage.listdir(path)] if is_dir else [])]
+            known = [t for t in changes if t is not None]
+            if not known or max(known) >= self._created_at:
+                kept.append(storage.basename(path))
+                continue
+            size = storage.size(path)
+            if is_dir:
+                storage.rmtree(path)
+            else:
+                storage.remove(path)
+            removed.append(f"{storage.basename(path)}{'/' if is_dir else ''} ({format_bytes(size)})")
+        if removed:
+            log.info("removed what %d interrupted write(s) left in %s: %s", len(removed), self.directory,
+                     ", ".join(removed))
+        if kept:
+            log.info("left %s in %s: changed since this run began (or of unknown age), it may be another "
+                     "process's write in flight", ", ".join(kept), self.directory)
+
     def close(self) -> None:
         """Waits for the last save and removes a non-chief worker's throw-away directory."""
         try:
@@ -318,14 +349,14 @@ class Checkpointer:
         """Restores the newest good checkpoint; a corrupt one is skipped with a warning."""
         import tensorflow as tf
 
-        if not self.options.resume:
-            return None
         self.sync()
-        paths = layout.checkpoint_paths(self.options.directory)
+        paths = layout.checkpoint_paths(self.options.directory) if self.options.resume else []
+        if paths:  # the newest checkpoint decides which run the directory belongs to
+            self._check_compatible(paths[-1], layout.read_metadata(paths[-1]))
+        if self.is_chief:  # this run's directory: what killed writes left can go
+            self._remove_interrupted_writes()
         if not paths:
             return None
-        # The newest checkpoint decides which run the directory belongs to.
-        self._check_compatible(paths[-1], layout.read_metadata(paths[-1]))
         for path in reversed(paths):
             metadata = layout.read_metadata(path)
             try:

@@ -160,6 +160,22 @@ def parse_file_name(name: str) -> FileName | None:
     )
 
 
+def interrupted_writes(directory: str) -> list[str]:
+    """The temporary files and folders of writes to ``directory`` that are in flight or were
+    interrupted: ``ckpt-<step>_temp/`` of a save, ``*.tmp-<id>`` of an atomic write (metadata, the
+    state file) and ``check_writable``'s probe. Never a complete checkpoint, an unlisted one, or
+    one moved aside (``*.replaced-<stamp>``)."""
+    if not storage.isdir(directory):
+        return []
+    paths = []
+    for name in storage.listdir(directory):
+        parsed = parse_file_name(name)
+        if (parsed is not None and parsed.in_flight and parsed.replaced is None) or name.startswith(
+                storage.WRITE_PROBE_PREFIX):
+            paths.append(storage.join(directory, name))
+    return paths
+
+
 def _escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 

@@ -174,9 +174,9 @@ def run_command(args: argparse.Namespace) -> int:
     if not cluster.is_chief:  # tf.distribute workers log too; keep only the chief's
         import atexit
         import shutil
-        import tempfile
 
-        log_dir = tempfile.mkdtemp(prefix="tfdist-tb-")
+        log_dir = storage.task_scratch_dir(purpose="tb", task_name=cluster.task_name,
+                                           key=storage.absolute(args.output_dir))
         atexit.register(shutil.rmtree, log_dir, True)
     history = fit(
         builder,

@@ -171,7 +171,8 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
 
     log_dir = storage.join(args.output_dir, "tensorboard")
-    if not cluster.is_chief:  # tf.distribute workers log too; keep only the chief's
+    serves = cluster.num_ps > 0 and not cluster.is_chief  # a parameter-server job's workers and ps run no callbacks
+    if not cluster.is_chief and not serves:  # tf.distribute workers log too; keep only the chief's
         import atexit
         import shutil
 
@@ -188,7 +189,7 @@ def run_command(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         validation_data=validation,
         validation_freq=args.validation_freq,
-        callbacks=[models.keras_module(args.keras).callbacks.TensorBoard(log_dir=log_dir)],
+        callbacks=[] if serves else [models.keras_module(args.keras).callbacks.TensorBoard(log_dir=log_dir)],
         seed=args.seed,
         deterministic=args.deterministic,
         verbose=args.verbose if args.verbose is not None else "auto",

@@ -14,7 +14,9 @@ restarted run has less left to do, so a late kill can find it finishing).
 Each scenario is a real user set-up: the built-in ``resnet`` (input noise, BatchNormalization,
 Dropout, a decaying learning rate), op determinism, a checkpoint at every step or two (so most
 kills land while a save is in flight), Keras 3 and tf_keras, in-memory arrays and TFRecord files,
-one device and ``mirrored`` on two logical CPUs.
+one device, ``mirrored`` on two logical CPUs, and two ``multi_worker_mirrored`` workers under
+``tfdist launch``: there one task of the cluster, chosen at random, is SIGKILLed after each
+start, and the launcher restarts the whole cluster, as it does in production.
 
 Reported per scenario: the kills (and how many landed after the model was built), the steps
 each start resumed from (they must never go back: a kill must not cost a saved step), whether
@@ -23,7 +25,7 @@ still there at the end (the last start removes what the kills left), and whether
 checkpoint's tensors, the final loss and the run's history equal those of the run never
 interrupted.
 
-    python benchmarks/kill_soak.py            # ~5 min: 3 scenarios x 10 kills
+    python benchmarks/kill_soak.py            # ~7 min: 4 scenarios x 10 kills
     python benchmarks/kill_soak.py --quick    # 1 scenario, 2 kills: checks the script runs
 """
 
@@ -42,14 +44,18 @@ import _common
 
 TRAIN = ["--model", "resnet", "--steps-per-epoch", "20", "--seed", "4", "--deterministic", "--verbose", "0"]
 SCENARIOS = {
-    # name: (extra `tfdist train` arguments, data: "digits" arrays or "files")
+    # name: (extra `tfdist train` arguments, data: "digits" arrays or "files", workers: None for one
+    # process, N for `tfdist launch --workers N`, where one worker at a time is SIGKILLed)
     "one_device, Keras 3, arrays, save every step": (
-        ["--keras", "3", "--epochs", "6", "--batch-size", "32", "--save-every-steps", "1"], "digits"),
+        ["--keras", "3", "--epochs", "6", "--batch-size", "32", "--save-every-steps", "1"], "digits", None),
     "mirrored on 2 logical CPUs, tf_keras, TFRecord files, save every 2 steps": (
         ["--keras", "2", "--epochs", "5", "--strategy", "mirrored", "--cpu-devices", "2",
-         "--per-replica-batch-size", "16", "--save-every-steps", "2"], "files"),
+         "--per-replica-batch-size", "16", "--save-every-steps", "2"], "files", None),
     "one_device, Keras 3, TFRecord files, save every 0.5 s and keep 2": (
-        ["--keras", "3", "--epochs", "6", "--batch-size", "32", "--save-every-seconds", "0.5", "--keep", "2"], "files"),
+        ["--keras", "3", "--epochs", "6", "--batch-size", "32", "--save-every-seconds", "0.5", "--keep", "2"],
+        "files", None),
+    "multi_worker_mirrored, 2 workers under `tfdist launch`, Keras 3, TFRecord files, save every 2 steps": (
+        ["--keras", "3", "--epochs", "4", "--per-replica-batch-size", "16", "--save-every-steps", "2"], "files", 2),
 }
 
 
@@ -81,9 +87,13 @@ def write_files(directory: str) -> list[str]:
             "--validation-data", os.path.join(directory, "val-*.tfrecord")]
 
 
-def _command(args: list[str], out: str) -> list[str]:
-    return [sys.executable, "-m", "tfdist", "train", *TRAIN, *args, "--output-dir", out,
-            "--summary-json", os.path.join(out, "summary.json")]
+def _command(args: list[str], out: str, *, workers: int | None = None, restarts: int = 0) -> list[str]:
+    train = ["-m", "tfdist", "train", *TRAIN, *args, "--output-dir", out,
+             "--summary-json", os.path.join(out, "summary.json")]
+    if workers is None:
+        return [sys.executable, *train]
+    return [sys.executable, "-m", "tfdist", "launch", "--workers", str(workers), "--max-restarts", str(restarts),
+            "--grace", "5", "--", sys.executable, *train]
 
 
 def _resumed_at(output: str) -> int | None:
@@ -133,14 +143,40 @@ def _history(directory: str) -> dict:
     return layout.latest_metadata(directory).history
 
 
-def _round(name: str, args: list[str], root: str, reference: str, *, length: float, kills: int,
-           rng: random.Random) -> dict:
-    """One interrupted run: restarted after each SIGKILL (at most ``kills``) until it ends by
-    itself; then compared with the run never interrupted."""
+def _compare(reference: str, interrupted: str) -> dict:
+    """The interrupted run's final state against the run never interrupted, and what is left in its directory."""
     import numpy as np
 
     from tfdist.checkpoint import layout
 
+    checkpoints = os.path.join(interrupted, "checkpoints")
+    verify = subprocess.run([sys.executable, "-m", "tfdist", "ckpt", "verify", checkpoints], capture_output=True,
+                            text=True, env=_common.child_env(), cwd=_common.REPO, timeout=300)
+    a = _latest_tensors(os.path.join(reference, "checkpoints"))
+    b = _latest_tensors(checkpoints)
+    same_names = sorted(a) == sorted(b)
+    differing = [k for k in a if k in b and not np.array_equal(a[k], b[k])] if same_names else sorted(set(a) ^ set(b))
+    summaries = []
+    for directory in (reference, interrupted):
+        with open(os.path.join(directory, "summary.json")) as f:
+            summaries.append(json.load(f))
+    identical = (not differing and summaries[0]["final_loss"] == summaries[1]["final_loss"]
+                 and _history(os.path.join(reference, "checkpoints")) == _history(checkpoints))
+    return {
+        "verify_code": verify.returncode,
+        "verify_tail": verify.stdout.strip().splitlines()[-1:],
+        "leftovers": [os.path.basename(p) for p in layout.interrupted_writes(checkpoints)],
+        "tensors": len(a),
+        "differing_tensors": differing,
+        "identical": identical,
+        "final_loss": (summaries[0]["final_loss"], summaries[1]["final_loss"]),
+    }
+
+
+def _round(name: str, args: list[str], root: str, reference: str, *, length: float, kills: int,
+           rng: random.Random) -> dict:
+    """One interrupted run: restarted after each SIGKILL (at most ``kills``) until it ends by
+    itself; then compared with the run never interrupted."""
     interrupted = os.path.join(root, "interrupted")
     runs = []
     while True:
@@ -156,42 +192,109 @@ def _round(name: str, args: list[str], root: str, reference: str, *, length: flo
               + f", resumed from step {run['resumed_at']}", flush=True)
         if not run["killed"]:
             break
-
-    checkpoints = os.path.join(interrupted, "checkpoints")
-    verify = subprocess.run([sys.executable, "-m", "tfdist", "ckpt", "verify", checkpoints], capture_output=True,
-                            text=True, env=_common.child_env(), cwd=_common.REPO, timeout=300)
-    a = _latest_tensors(os.path.join(reference, "checkpoints"))
-    b = _latest_tensors(checkpoints)
-    same_names = sorted(a) == sorted(b)
-    differing = [k for k in a if k in b and not np.array_equal(a[k], b[k])] if same_names else sorted(set(a) ^ set(b))
-    summaries = []
-    for directory in (reference, interrupted):
-        with open(os.path.join(directory, "summary.json")) as f:
-            summaries.append(json.load(f))
     resumed = [r["resumed_at"] for r in runs if r["resumed_at"] is not None]
-    identical = (not differing and summaries[0]["final_loss"] == summaries[1]["final_loss"]
-                 and _history(os.path.join(reference, "checkpoints")) == _history(checkpoints))
     return {
         "kills": sum(r["killed"] for r in runs),
         "kills_after_model_built": sum(r["killed"] and r["training"] for r in runs),
         "kill_delays": [round(r["kill_after"], 2) for r in runs if r["killed"]],
         "resumed_from": resumed,
         "never_went_back": all(x <= y for x, y in zip(resumed, resumed[1:])),
-        "verify_code": verify.returncode,
-        "verify_tail": verify.stdout.strip().splitlines()[-1:],
-        "leftovers": [os.path.basename(p) for p in layout.interrupted_writes(checkpoints)],
-        "tensors": len(a),
-        "differing_tensors": differing,
-        "identical": identical,
-        "final_loss": (summaries[0]["final_loss"], summaries[1]["final_loss"]),
+        **_compare(reference, interrupted),
     }
 
 
-def soak(name: str, args: list[str], root: str, *, kills: int, rng: random.Random) -> dict:
+def _tasks(launcher: int) -> dict[int, str]:
+    """The live task processes of the launcher ``launcher``: {pid: task name from its TF_CONFIG}."""
+    tasks = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) != launcher or state == "Z":
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        config = next((e[len(b"TF_CONFIG="):] for e in environ if e.startswith(b"TF_CONFIG=")), None)
+        if config:
+            task = json.loads(config)["task"]
+            tasks[int(entry)] = f"{task['type']}:{task['index']}"
+    return tasks
+
+
+def _cluster_round(name: str, args: list[str], root: str, reference: str, *, workers: int, length: float,
+                   kills: int, rng: random.Random) -> dict:
+    """One `tfdist launch` job: after each start of the cluster, one of its tasks (chosen at random)
+    is SIGKILLed after a random delay, and the launcher restarts the cluster, until ``kills`` kills
+    or the job ends; then the job runs to its end and is compared with the run never interrupted."""
+    interrupted = os.path.join(root, "interrupted")
+    log = os.path.join(root, "launch.log")
+    killed, seen = [], set()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(_command(args, interrupted, workers=workers, restarts=kills + 5), stdout=out,
+                                stderr=subprocess.STDOUT, env=_common.child_env(), cwd=_common.REPO,
+                                start_new_session=True)
+        try:
+            while len(killed) < kills and proc.poll() is None:
+                tasks = {}
+                while proc.poll() is None:  # a new start of the cluster: none of its tasks seen before
+                    tasks = _tasks(proc.pid)
+                    if len(tasks) == workers and not set(tasks) & seen:
+                        break
+                    time.sleep(0.05)
+                offset = os.path.getsize(log)
+                delay = rng.uniform(0.05 * length, 0.85 * length)
+                try:
+                    proc.wait(timeout=delay)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                tasks = _tasks(proc.pid)
+                if not tasks:
+                    continue
+                victim = rng.choice(sorted(tasks))
+                os.killpg(victim, signal.SIGKILL)  # the task's own process group
+                seen |= set(tasks)
+                with open(log) as f:
+                    f.seek(offset)
+                    since = f.read()
+                built = any(line.startswith(f"[{tasks[victim]}]") and "built in the scope" in line
+                            for line in since.splitlines())
+                killed.append({"task": tasks[victim], "kill_after": round(delay, 2), "model_built": built})
+                print(f"  {name}: {os.path.basename(root)}, SIGKILL of {tasks[victim]} after {delay:.2f} s", flush=True)
+            proc.wait(timeout=1800)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    with open(log) as f:
+        output = f.read()
+    if proc.returncode != 0:
+        sys.stderr.write(output[-4000:])
+        raise RuntimeError(f"{name}: the launched job ended with exit code {proc.returncode}")
+    chief = [line for line in output.splitlines() if line.startswith("[worker:0]")]
+    resumed = [0] + [int(line.split("global step ")[1].split(" ")[0]) for line in chief if "resuming from" in line]
+    print(f"  {name}: {os.path.basename(root)}: the job ended by itself; starts resumed from {resumed}", flush=True)
+    return {
+        "kills": len(killed),
+        "kills_after_model_built": sum(k["model_built"] for k in killed),
+        "kill_delays": [k["kill_after"] for k in killed],
+        "killed_tasks": [k["task"] for k in killed],
+        "resumed_from": resumed,
+        "never_went_back": all(x <= y for x, y in zip(resumed, resumed[1:])),
+        **_compare(reference, interrupted),
+    }
+
+
+def soak(name: str, args: list[str], root: str, *, workers: int | None, kills: int, rng: random.Random) -> dict:
     """A run never interrupted, then interrupted rounds until ``kills`` SIGKILLs have landed
     (a round whose restart ends by itself before that is followed by a fresh one)."""
     reference = os.path.join(root, "reference")
-    first = run_once(_command(args, reference), kill_after=None, log=os.path.join(root, "reference.log"))
+    first = run_once(_command(args, reference, workers=workers), kill_after=None,
+                     log=os.path.join(root, "reference.log"))
     if first["code"] != 0:
         sys.stderr.write(first["output"][-4000:])
         raise RuntimeError(f"{name}: the run never interrupted failed with exit code {first['code']}")
@@ -200,7 +303,11 @@ def soak(name: str, args: list[str], root: str, *, kills: int, rng: random.Rando
         directory = os.path.join(root, f"round-{len(rounds)}")
         os.makedirs(directory)
         left = kills - sum(r["kills"] for r in rounds)
-        rounds.append(_round(name, args, directory, reference, length=first["seconds"], kills=left, rng=rng))
+        if workers is None:
+            rounds.append(_round(name, args, directory, reference, length=first["seconds"], kills=left, rng=rng))
+        else:
+            rounds.append(_cluster_round(name, args, directory, reference, workers=workers, length=first["seconds"],
+                                         kills=left, rng=rng))
         if len(rounds) >= max(kills, 1):  # every round ended by itself at once: the delays are too long
             break
     return {"scenario": name, "never_interrupted_seconds": first["seconds"], "rounds": rounds}
@@ -210,6 +317,8 @@ def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=None, help="SIGKILLs per scenario (default 10; --quick 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill delays (default 0)")
+    p.add_argument("--scenarios", default=None, metavar="N,N",
+                   help=f"which scenarios, numbered 1-{len(SCENARIOS)} in the order of SCENARIOS (default all; --quick 1)")
     p.add_argument("--dir", default=None, help="keep the runs and their logs here (default: a temporary directory)")
     args = p.parse_args()
     kills = args.kills if args.kills is not None else (2 if args.quick else 10)
@@ -217,18 +326,25 @@ def main() -> None:
         p.error(f"--kills must be 0 or more; received {kills}")
     info = _common.machine()
     rng = random.Random(args.seed)
-    names = list(SCENARIOS)[:1] if args.quick else list(SCENARIOS)
+    try:
+        chosen = [int(n) for n in args.scenarios.split(",")] if args.scenarios else ([1] if args.quick else None)
+        names = [list(SCENARIOS)[n - 1] for n in chosen] if chosen else list(SCENARIOS)
+        if chosen and min(chosen) < 1:
+            raise IndexError
+    except (ValueError, IndexError):
+        p.error(f"--scenarios takes numbers from 1 to {len(SCENARIOS)} separated by commas; received {args.scenarios!r}")
     results = []
     with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as tmp:
         root = args.dir or tmp
         files = None
         for i, name in enumerate(names):
-            extra, data = SCENARIOS[name]
+            extra, data, workers = SCENARIOS[name]
             if data == "files" and files is None:
                 files = write_files(os.path.join(root, "files"))
             directory = os.path.join(root, f"scenario-{i}")
             os.makedirs(directory, exist_ok=True)
-            result = soak(name, [*extra, *(files if data == "files" else [])], directory, kills=kills, rng=rng)
+            result = soak(name, [*extra, *(files if data == "files" else [])], directory, workers=workers,
+                          kills=kills, rng=rng)
             print(json.dumps({k: v for k, v in result.items()}, default=str), flush=True)
             results.append(result)
 
@@ -259,7 +375,9 @@ def main() -> None:
         notes=[f"Kill delays drawn uniformly between 5 % and 85 % of the length of the run never interrupted "
                f"(seed {args.seed}); the process group is SIGKILLed. A round ends when a start runs to the end; "
                "rounds follow, each in a fresh directory, until the scenario's SIGKILLs are spent.",
-               "Every scenario: `tfdist train " + " ".join(TRAIN) + "` plus its own arguments (see SCENARIOS)."],
+               "Every scenario: `tfdist train " + " ".join(TRAIN) + "` plus its own arguments (see SCENARIOS).",
+               "Under `tfdist launch`, each start of the cluster has one of its tasks (chosen at random) SIGKILLed, "
+               "and the launcher restarts the whole cluster; the steps are those the chief (worker:0) resumed from."],
     )
 
 

@@ -171,7 +171,9 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
 
     log_dir = storage.join(args.output_dir, "tensorboard")
-    serves = cluster.num_ps > 0 and not cluster.is_chief  # a parameter-server job's workers and ps run no callbacks
+    from tfdist.strategy import trains_here
+
+    serves = not trains_here(args.strategy, cluster)  # a parameter-server job's workers and ps run no callbacks
     if not cluster.is_chief and not serves:  # tf.distribute workers log too; keep only the chief's
         import atexit
         import shutil

@@ -542,7 +542,8 @@ def test_a_task_started_again_reuses_its_scratch_directory_instead_of_leaving_an
 
     key = str(tmp_path / "run" / "checkpoints")
     first = storage.task_scratch_dir(purpose="ckpt", task_name="worker:1", key=key)
-    (open(os.path.join(first, "ckpt-8.data-00000-of-00001"), "wb")).write(b"\0" * 100)
+    with open(os.path.join(first, "ckpt-8.data-00000-of-00001"), "wb") as f:
+        f.write(b"\0" * 100)
     again = storage.task_scratch_dir(purpose="ckpt", task_name="worker:1", key=key)
     assert again == first == storage.task_scratch_path(purpose="ckpt", task_name="worker:1", key=key)
     assert os.listdir(again) == []

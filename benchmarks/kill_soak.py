@@ -129,12 +129,12 @@ def run_once(command: list[str], *, kill_after: float | None, log: str) -> dict:
 
 
 def _latest_tensors(directory: str) -> dict:
-    import tensorflow as tf
+    """Every tensor of the newest complete checkpoint in ``directory`` (the save counter left out)."""
+    from tfdist.checkpoint import layout
 
-    path = tf.train.latest_checkpoint(directory)
-    reader = tf.compat.v1.train.NewCheckpointReader(path)
+    reader = layout.reader(layout.checkpoint_paths(directory)[-1])
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith(("save_counter", "_CHECKPOINTABLE_OBJECT_GRAPH"))}
+            if not name.startswith(("save_counter", layout.SERIALIZED_GRAPH))}
 
 
 def _history(directory: str) -> dict:

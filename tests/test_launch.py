@@ -208,6 +208,7 @@ def test_a_task_that_fails_once_restarts_the_whole_cluster_on_fresh_ports(task_s
 marker = tmp / "failed-once"
 if role == "worker" and index == 1 and not marker.exists():
     marker.write_text("x")
+    wait_for(lambda: lines("pid", "worker-0"))  # else worker:0 may be stopped before it records its start
     sys.exit(1)
 """
     )

@@ -255,6 +255,14 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     assert "cannot be read" in caplog.text and "falling back" in caplog.text
     assert resumed.tfdist.start_step == 12 and resumed.tfdist.global_step == 30
     assert glob.glob(data_file + ".replaced-*"), "the corrupt checkpoint must be kept aside, not overwritten"
+    # The step saved again (15) was later deleted by retention (keep=3): its metadata went with it,
+    # though the files kept aside still carry its name; what is left is listed as kept aside only.
+    from tfdist.checkpoint import inspect
+
+    assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt-*.tfdist.json"))) == [
+        "ckpt-24.tfdist.json", "ckpt-27.tfdist.json", "ckpt-30.tfdist.json"]
+    unlisted = [info for info in inspect.list_checkpoints(str(tmp_path)) if not info.listed]
+    assert unlisted and all("moved aside" in info.problem for info in unlisted), [i.problem for i in unlisted]
 
 
 def test_a_relative_checkpoint_dir_resumes(tmp_path, monkeypatch):

@@ -104,11 +104,11 @@ def replaced_name(path: str, stamp: str) -> str:
 
 
 def checkpoint_files(prefix: str) -> list[str]:
-    """The index and data files of ``prefix`` that exist, sorted."""
+    """The index and data files of ``prefix`` that exist, sorted. Only those exact names: a file
+    moved aside (``ckpt-9.data-00000-of-00001.replaced-<stamp>``) is not one of them."""
     directory, name = storage.dirname(prefix) or ".", storage.basename(prefix)
-    return sorted(
-        storage.glob_names(directory, _escape(name) + ".index") + storage.glob_names(directory, _escape(name) + ".data-*")
-    )
+    data = [p for p in storage.glob_names(directory, _escape(name) + ".data-*") if _DATA.search(p)]
+    return sorted(storage.glob_names(directory, _escape(name) + ".index") + data)
 
 
 def data_shard_names(prefix: str, num_shards: int | None = None) -> list[str]:

@@ -172,6 +172,29 @@ def test_an_error_inside_fit_lets_the_save_in_flight_finish_before_it_propagates
     assert not [name for name in os.listdir(tmp_path) if "_temp" in name]
 
 
+def test_a_background_save_that_fails_is_reported_even_when_it_is_the_last(tmp_path, monkeypatch):
+    # TensorFlow's Checkpoint.sync does not raise what failed in its writer thread (it prints it at
+    # exit, and the process ends with 0): a run whose last save failed must not report success.
+    from tfdist.checkpoint import layout
+    from tfdist.checkpoint.checkpointer import Checkpointer
+    from tfdist.errors import CheckpointIOError
+
+    written = Checkpointer._written
+
+    def disk_full_at_the_end(self, save_path):
+        if layout.step_of(save_path) == 30:
+            raise OSError(28, "No space left on device")
+        written(self, save_path)
+
+    monkeypatch.setattr(Checkpointer, "_written", disk_full_at_the_end)
+    with pytest.raises(CheckpointIOError, match=r"writing a checkpoint to .* failed: OSError: .*No space left on device"):
+        _fit(tmp_path)
+    assert layout.step_of(layout.checkpoint_paths(str(tmp_path))[-1]) == 27  # the failed save is not listed
+    monkeypatch.undo()
+    resumed = _fit(tmp_path)
+    assert resumed.tfdist.start_step == 27 and resumed.tfdist.global_step == 30
+
+
 def test_steps_per_execution_above_one_resumes_exactly(tmp_path):
     reference = _fit(tmp_path / "ref")
     with pytest.raises(_Crash):

@@ -205,6 +205,8 @@ class Checkpointer:
         self.last_written_at: float | None = None
         self.last_saved_step: int | None = None
         self.resumed_from: ResumePoint | None = None
+        self._in_flight: int | None = None  # the step of the last save started, until sync() saw it end
+        self._written_step: int | None = None  # the step of the last save whose files were completed
 
     # --- writing -------------------------------------------------------------------------
     def _written(self, save_path: str) -> None:
@@ -212,16 +214,28 @@ class Checkpointer:
             self.last_written_at = time.perf_counter()
             self.last_write_seconds = self.last_written_at - self._save_started
             log.debug("%s written in %.3f s", save_path, self.last_write_seconds)
+        self._written_step = layout.step_of(save_path)
 
     def sync(self) -> None:
-        """Waits for a background save; raises CheckpointError if it failed."""
+        """Waits for a background save; raises CheckpointError if it failed.
+
+        TensorFlow's ``Checkpoint.sync`` waits but does not raise what failed in its writer
+        thread: it keeps the error for the next save, or prints it at exit and lets the process
+        end with 0 -- a run whose last save failed would report success. So the failure is
+        taken here: TensorFlow's kept error, else the absence of ``_written``'s confirmation."""
+        step, self._in_flight = self._in_flight, None
         try:
             self.root.sync()
-        except Exception as e:  # the async writer re-raises whatever failed in its thread
+            failure = _take_async_error(self.root)
+        except Exception as e:  # noqa: BLE001 -- reported below, whatever it is
+            failure = e
+        if failure is None and step is not None and self._written_step != step:
+            failure = RuntimeError(f"the background write of step {step} ended without completing its files")
+        if failure is not None:
             raise CheckpointIOError(
-                f"writing a checkpoint to {self.options.directory!r} failed: {type(e).__name__}: {e}. "
+                f"writing a checkpoint to {self.options.directory!r} failed: {describe(failure)}. "
                 "Fix: check free space and permissions; the earlier checkpoints are intact."
-            ) from e
+            ) from failure
 
     def save(self, *, global_step: int, epoch: int, step_in_epoch: int, history: list[dict], complete: bool = False,
              callbacks: Mapping[str, Any] | None = None) -> str | None:
@@ -239,9 +253,11 @@ class Checkpointer:
         if self.is_chief:
             self._quarantine_existing(global_step)
         self._save_started, self.last_write_seconds, self.last_written_at = time.perf_counter(), None, None
+        self._in_flight = global_step
         try:
             path = self.manager.save(checkpoint_number=global_step, options=self._save_options)
         except Exception as e:
+            self._in_flight = None
             raise CheckpointIOError(
                 f"saving a checkpoint to {self.directory!r} failed: {type(e).__name__}: {e}. "
                 "Fix: check free space and permissions; the earlier checkpoints are intact."
@@ -422,3 +438,13 @@ class Checkpointer:
         if self._replica_metrics is not None and self._replica_metrics.restore(self.resumed_from.path):
             return
         self._metrics_root.restore(self.resumed_from.path).expect_partial()
+
+
+def _take_async_error(root) -> BaseException | None:
+    """The error TensorFlow's writer thread kept for the next save (private attributes of
+    ``AsyncCheckpointHelper``, read defensively), removed so that it is reported once."""
+    helper = getattr(root, "_async_checkpointer_impl", None)
+    error = getattr(helper, "_async_error", None)
+    if error is not None:
+        helper._async_error = None
+    return error

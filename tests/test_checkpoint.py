@@ -11,6 +11,7 @@ import glob
 import hashlib
 import os
 import json
+import re
 import signal
 import sys
 import textwrap
@@ -110,6 +111,80 @@ def test_sigterm_from_outside_saves_and_the_rerun_is_identical(procs, tmp_path):
     assert code == 0, out[-3000:]
     assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),
                          checkpoint_tensors(str(interrupted / "checkpoints")))
+
+
+def _process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]  # R, S, T (stopped), Z...
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_run_that_comes_back_after_another_took_over_stops_without_writing(procs, tmp_path):
+    # Split brain: run 1 freezes (a paused VM, a pod cut off) and a replacement starts the same
+    # command. When run 1 wakes up, it must not save over the replacement's checkpoints.
+    from tfdist.checkpoint import layout
+
+    reference, shared = tmp_path / "reference", tmp_path / "shared"
+    code, out = _train(procs, reference)
+    assert code == 0, out[-3000:]
+    args = [sys.executable, "-m", "tfdist", *TRAIN, "--output-dir", str(shared)]
+    frozen = procs.start(args, env=base_env(TFDIST_FAULT="stop_at_step:5"))
+    wait_for(lambda: _process_state(frozen.pid) == "T" or frozen.poll() is not None, timeout=120,
+             what="run 1 to stop itself at step 5")
+    writer = layout.writer_path(str(shared / "checkpoints"))
+    first_claim = read_json(writer)
+    assert first_claim["pid"] == frozen.pid
+
+    code, out = _train(procs, shared)  # the replacement: resumes from what run 1 saved, runs to the end
+    assert code == 0, out[-3000:]
+    assert f"pid {frozen.pid} on" in out and "did not end cleanly" in out
+    assert read_json(writer)["ended_at"] is not None, "a run that ended marks its record as ended"
+    assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")), checkpoint_tensors(str(shared / "checkpoints")))
+    before = _tree_digest(shared / "checkpoints")
+
+    os.kill(frozen.pid, signal.SIGCONT)
+    out, _ = frozen.communicate(timeout=120)
+    assert frozen.returncode == 2, out[-3000:]  # bad input: a launcher does not restart it
+    errors = [line for line in out.splitlines() if line.startswith("tfdist: error:")]
+    assert len(errors) == 1 and "another run started writing the checkpoint directory" in errors[0]
+    # Step 6, or step 3 if its save was still in flight when the run froze (its files are not kept).
+    assert re.search(r"stops without saving step (3|6)\b", errors[0]) and "Fix:" in errors[0], errors[0]
+    assert "Traceback" not in out, out[-3000:]
+    assert _tree_digest(shared / "checkpoints") == before, "the frozen run wrote into the directory after waking up"
+
+
+def test_the_writer_record_is_claimed_checked_and_released_by_its_own_run_only(tmp_path, caplog):
+    from tfdist.checkpoint import layout, ownership
+    from tfdist.errors import CheckpointTakenOverError
+
+    directory = str(tmp_path)
+    assert ownership.current(directory) is None
+    first = ownership.claim(directory)
+    assert ownership.current(directory) == first and first.pid == os.getpid()
+    ownership.check(directory, first, step=3)  # still ours: nothing happens
+    with caplog.at_level("INFO", logger="tfdist"):
+        second = ownership.claim(directory)
+    assert "did not end cleanly" in caplog.text and first.describe() in caplog.text
+    with pytest.raises(CheckpointTakenOverError, match=r"another run started writing .* stops without saving step 6"):
+        ownership.check(directory, first, step=6)
+    ownership.release(directory, first)  # not first's record any more: left alone
+    assert ownership.current(directory) == second
+    ownership.release(directory, second)
+    ended = ownership.current(directory)
+    assert ended.token == second.token and ended.ended_at is not None and "ended" in ended.describe()
+    # A frozen run that wakes up after the run that replaced it ended still stops.
+    with pytest.raises(CheckpointTakenOverError, match="ended"):
+        ownership.check(directory, first, step=6)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tfdist"):
+        third = ownership.claim(directory)
+    assert "did not end cleanly" not in caplog.text  # the previous run ended
+    os.remove(layout.writer_path(directory))
+    ownership.check(directory, third, step=9)  # a record that vanished is written again
+    assert ownership.current(directory) == third
+    with open(layout.writer_path(directory), "w") as f:
+        f.write("{not json")
+    assert ownership.current(directory) is None  # a damaged record is no claim
 
 
 def _tree_digest(directory) -> dict:

@@ -112,6 +112,16 @@ def test_list_reports_files_the_state_file_does_not_name_as_incomplete(copy, cap
     assert code == 0 and "incomplete" in out and "ckpt-10" in out and "ckpt-2 " in out
 
 
+def test_list_names_the_run_that_writes_the_directory(copy, capsys):
+    from tfdist.checkpoint import ownership
+
+    code, out, _ = cli(capsys, "list", copy)
+    assert code == 0 and f"writer: pid {os.getpid()} on " in out and ", ended " in out  # the fixture's run ended
+    writer = ownership.claim(copy)  # a run that is writing now (or was killed)
+    code, out, _ = cli(capsys, "list", copy)
+    assert code == 0 and f"writer: {writer.describe()} (still running, or killed)" in out
+
+
 def test_list_works_with_a_relative_directory(run_dir, capsys, monkeypatch):
     monkeypatch.chdir(os.path.dirname(run_dir))
     code, entries = cli_json(capsys, "list", os.path.basename(run_dir))

@@ -50,6 +50,11 @@ class CheckpointIOError(CheckpointError):
     exit_code = EXIT_FAILED
 
 
+class CheckpointTakenOverError(CheckpointError):
+    """Another run started writing the same checkpoint directory; this one stops before its
+    next save (``checkpoint.ownership``). Not restarted: a restart would take it back."""
+
+
 class StorageError(CheckpointError):
     """A checkpoint or output location cannot be used: no TensorFlow filesystem for its
     scheme, not writable, not reachable."""

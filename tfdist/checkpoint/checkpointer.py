@@ -21,9 +21,11 @@ import time
 from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, storage
-from tfdist.checkpoint import layout
+from tfdist.checkpoint import layout, ownership
 from tfdist.checkpoint.replicas import ReplicaValues
-from tfdist.errors import CheckpointError, CheckpointIOError, CheckpointMismatchError, describe
+from tfdist.errors import (
+    CheckpointError, CheckpointIOError, CheckpointMismatchError, CheckpointTakenOverError, describe,
+)
 
 log = logging.getLogger("tfdist")
 
@@ -205,6 +207,8 @@ class Checkpointer:
         self.last_written_at: float | None = None
         self.last_saved_step: int | None = None
         self.resumed_from: ResumePoint | None = None
+        self._writer: ownership.Writer | None = None  # the chief's claim on the directory, from restore()
+        self._taken_over = False  # another run claimed the directory since: this one writes nothing more
         self._in_flight: int | None = None  # the step of the last save started, until sync() saw it end
         self._written_step: int | None = None  # the step of the last save whose files were completed
 
@@ -214,6 +218,17 @@ class Checkpointer:
             self.last_written_at = time.perf_counter()
             self.last_write_seconds = self.last_written_at - self._save_started
             log.debug("%s written in %.3f s", save_path, self.last_write_seconds)
+        if self.is_chief and self._writer is not None:  # before the manager lists it and deletes old ones
+            try:
+                self._check_writer(layout.step_of(save_path))
+            except CheckpointTakenOverError:
+                # A save in flight when another run took over (this run was frozen): its files go, unless
+                # that run lists the step; raising here skips the manager's listing and deletions.
+                listed = {storage.basename(p) for p in layout.checkpoint_paths(self.directory)}
+                if storage.basename(save_path) not in listed:
+                    for path in layout.checkpoint_files(save_path):
+                        storage.remove(path)
+                raise
         self._written_step = layout.step_of(save_path)
 
     def sync(self) -> None:
@@ -231,6 +246,8 @@ class Checkpointer:
             failure = e
         if failure is None and step is not None and self._written_step != step:
             failure = RuntimeError(f"the background write of step {step} ended without completing its files")
+        if isinstance(failure, CheckpointTakenOverError):  # raised by _written in the writer thread
+            raise failure
         if failure is not None:
             raise CheckpointIOError(
                 f"writing a checkpoint to {self.options.directory!r} failed: {describe(failure)}. "
@@ -244,6 +261,7 @@ class Checkpointer:
         if self.last_saved_step == global_step and not complete:
             return None
         self.sync()  # one save in flight at a time; surfaces the previous save's error
+        self._check_writer(global_step)
         self.counters.set(global_step=global_step, epoch=epoch, step_in_epoch=step_in_epoch)
         for group in self._replica_groups:
             group.capture()
@@ -256,6 +274,9 @@ class Checkpointer:
         self._in_flight = global_step
         try:
             path = self.manager.save(checkpoint_number=global_step, options=self._save_options)
+        except CheckpointTakenOverError:  # raised by _written (synchronous saves)
+            self._in_flight = None
+            raise
         except Exception as e:
             self._in_flight = None
             raise CheckpointIOError(
@@ -276,6 +297,7 @@ class Checkpointer:
         if self.last_saved_step is None or not self.is_chief:
             return
         self.sync()
+        self._check_writer(self.last_saved_step)
         prefix = layout.prefix_for(self.directory, self.last_saved_step)
         saved = layout.read_metadata(prefix)
         if saved is not None:
@@ -283,6 +305,19 @@ class Checkpointer:
                 self.run_metadata, global_step=saved.global_step, epoch=saved.epoch,
                 step_in_epoch=saved.step_in_epoch, complete=True, history=history, callbacks=saved.callbacks,
             ))
+
+    def _check_writer(self, step: int) -> None:
+        """The chief stops before writing ``step`` if another run has claimed the directory since it did."""
+        if not self.is_chief:
+            return
+        if self._writer is None:
+            self._writer = ownership.claim(self.directory)
+            return
+        try:
+            ownership.check(self.directory, self._writer, step=step)
+        except CheckpointTakenOverError:
+            self._taken_over = True
+            raise
 
     def _quarantine_existing(self, step: int) -> None:
         """Moves aside an existing checkpoint of ``step`` (e.g. a corrupt one resume skipped) instead of overwriting it."""
@@ -335,13 +370,17 @@ class Checkpointer:
                      "process's write in flight", ", ".join(kept), self.directory)
 
     def close(self) -> None:
-        """Waits for the last save and removes a non-chief worker's throw-away directory."""
+        """Waits for the last save; removes a non-chief worker's throw-away directory, or marks
+        the chief's record as the directory's writer as ended (``ownership``)."""
         try:
             self.sync()
         finally:
             if not self.is_chief:
                 storage.rmtree(self.directory)
-        if self.is_chief and self.last_saved_step is not None:
+            elif self._writer is not None:
+                ownership.release(self.directory, self._writer)
+                self._writer = None
+        if self.is_chief and self.last_saved_step is not None and not self._taken_over:
             self._remove_orphan_metadata(keep="")
 
     # --- reading -------------------------------------------------------------------------
@@ -369,8 +408,9 @@ class Checkpointer:
         paths = layout.checkpoint_paths(self.options.directory) if self.options.resume else []
         if paths:  # the newest checkpoint decides which run the directory belongs to
             self._check_compatible(paths[-1], layout.read_metadata(paths[-1]))
-        if self.is_chief:  # this run's directory: what killed writes left can go
+        if self.is_chief:  # this run's directory: what killed writes left can go, and this run writes it now
             self._remove_interrupted_writes()
+            self._writer = ownership.claim(self.directory)
         if not paths:
             return None
         for path in reversed(paths):

@@ -32,6 +32,8 @@ from tfdist import storage
 STATE_FILE = "checkpoint"
 CHECKPOINT_NAME = "ckpt"
 METADATA_SUFFIX = ".tfdist.json"
+WRITER_FILE = ".tfdist-writer.json"
+"""Names the run whose chief writes the directory (``checkpoint.ownership``)."""
 FORMAT = 1
 """Version of the metadata format; a reader accepts the keys it knows and ignores the rest."""
 
@@ -73,6 +75,10 @@ def checkpoint_dir_of(output_dir: str) -> str:
 
 def state_path(directory: str) -> str:
     return storage.join(directory, STATE_FILE)
+
+
+def writer_path(directory: str) -> str:
+    return storage.join(directory, WRITER_FILE)
 
 
 def metadata_path(prefix: str) -> str:
@@ -163,7 +169,7 @@ def parse_file_name(name: str) -> FileName | None:
 def interrupted_writes(directory: str) -> list[str]:
     """The temporary files and folders of writes to ``directory`` that are in flight or were
     interrupted: ``ckpt-<step>_temp/`` of a save, ``*.tmp-<id>`` of an atomic write (metadata, the
-    state file) and ``check_writable``'s probe. Never a complete checkpoint, an unlisted one, or
+    state file, the writer record) and ``check_writable``'s probe. Never a complete checkpoint, an unlisted one, or
     one moved aside (``*.replaced-<stamp>``)."""
     if not storage.isdir(directory):
         return []
@@ -171,7 +177,7 @@ def interrupted_writes(directory: str) -> list[str]:
     for name in storage.listdir(directory):
         parsed = parse_file_name(name)
         if (parsed is not None and parsed.in_flight and parsed.replaced is None) or name.startswith(
-                storage.WRITE_PROBE_PREFIX):
+                (storage.WRITE_PROBE_PREFIX, WRITER_FILE + ".tmp")):
             paths.append(storage.join(directory, name))
     return paths
 

@@ -78,7 +78,8 @@ def _table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 def run_list(args: argparse.Namespace) -> int:
     from tfdist import storage
-    from tfdist.checkpoint.inspect import list_checkpoints
+    from tfdist.checkpoint import ownership
+    from tfdist.checkpoint.inspect import checkpoint_dir, list_checkpoints
     from tfdist.planning.units import format_bytes
 
     if storage.is_url(args.directory):  # a local directory is listed without TensorFlow
@@ -106,6 +107,9 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"incomplete (not named in the state file `checkpoint`): {len(others)}")
         for e in others:
             print(f"  {storage.basename(e.path)}  {format_bytes(e.size_bytes)}  {_when(e.saved_at)}  {e.problem}")
+    writer = ownership.current(checkpoint_dir(args.directory))
+    if writer is not None:
+        print(f"writer: {writer.describe()}" + ("" if writer.ended_at is not None else " (still running, or killed)"))
     return 0
 
 

@@ -126,6 +126,7 @@ class Controller:
         self.global_step = step
         self.faults.fire("kill_at_step", step)
         self.faults.fire("term_at_step", step)
+        self.faults.fire("stop_at_step", step)
         end_of_epoch = step % self.steps_per_epoch == 0
         by_steps = by_time = False
         if self.save_policy is not None and not end_of_epoch:  # an epoch's last step is saved at epoch end

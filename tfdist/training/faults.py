@@ -7,6 +7,8 @@ list of ``[ROLE:INDEX/]EVENT:STEP`` items:
 * ``kill_after_save:N``  SIGKILL right after the save at step N was started: with
                          asynchronous saves the background write is still in flight.
 * ``term_at_step:N``     SIGTERM to itself after step N: the preemption path.
+* ``stop_at_step:N``     SIGSTOP to itself after step N: a frozen task (a paused VM, a pod cut
+                         off), which goes on where it stopped when it receives SIGCONT.
 
 With a ``ROLE:INDEX/`` prefix only that task fires. Faults fire only on the first run of a
 cluster (``TFDIST_RESTART`` unset or 0), so that a restarted job runs to the end.
@@ -24,7 +26,8 @@ from tfdist.errors import ClusterConfigError
 
 log = logging.getLogger("tfdist")
 
-EVENTS = {"kill_at_step": signal.SIGKILL, "kill_after_save": signal.SIGKILL, "term_at_step": signal.SIGTERM}
+EVENTS = {"kill_at_step": signal.SIGKILL, "kill_after_save": signal.SIGKILL, "term_at_step": signal.SIGTERM,
+          "stop_at_step": signal.SIGSTOP}
 
 
 def parse(raw: str | None, *, task_name: str) -> dict[tuple[str, int], int]:

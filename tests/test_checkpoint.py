@@ -155,7 +155,7 @@ def test_a_frozen_run_that_comes_back_after_another_took_over_stops_without_writ
 
 def test_the_writer_record_is_claimed_checked_and_released_by_its_own_run_only(tmp_path, caplog):
     from tfdist.checkpoint import layout, ownership
-    from tfdist.errors import CheckpointTakenOverError
+    from tfdist.errors import CheckpointIOError, CheckpointTakenOverError
 
     directory = str(tmp_path)
     assert ownership.current(directory) is None
@@ -185,6 +185,13 @@ def test_the_writer_record_is_claimed_checked_and_released_by_its_own_run_only(t
     with open(layout.writer_path(directory), "w") as f:
         f.write("{not json")
     assert ownership.current(directory) is None  # a damaged record is no claim
+    # A record that cannot be read (here: a folder at its name; on gs://, an outage) is not taken for a
+    # missing one, which would be written over another run's claim.
+    os.remove(layout.writer_path(directory))
+    os.mkdir(layout.writer_path(directory))
+    with pytest.raises(CheckpointIOError, match=r"reading the record of the run that writes .* failed: .*Fix:"):
+        ownership.check(directory, third, step=12)
+    assert os.path.isdir(layout.writer_path(directory))
 
 
 def _tree_digest(directory) -> dict:

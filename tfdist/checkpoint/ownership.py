@@ -30,7 +30,7 @@ import uuid
 
 from tfdist import storage
 from tfdist.checkpoint import layout
-from tfdist.errors import CheckpointTakenOverError, describe
+from tfdist.errors import CheckpointIOError, CheckpointTakenOverError, describe
 
 log = logging.getLogger("tfdist")
 
@@ -77,11 +77,29 @@ class Writer:
 
 
 def current(directory: str) -> Writer | None:
-    """The run recorded as the writer of ``directory``; None if none is."""
+    """The run recorded as the writer of ``directory``; None if none is. Raises CheckpointIOError
+    if the record cannot be read (a storage outage is not taken for a missing record)."""
+    path = layout.writer_path(directory)
     try:
-        return Writer.from_json(storage.read_text(layout.writer_path(directory)))
-    except OSError:
+        return Writer.from_json(storage.read_text(path))
+    except FileNotFoundError:
         return None
+    except OSError as e:
+        raise CheckpointIOError(
+            f"reading the record of the run that writes {directory!r} failed: {describe(e)}. "
+            "Fix: check that the storage is reachable, then restart; the checkpoints were left as they are."
+        ) from e
+
+
+def _record(directory: str, writer: Writer) -> None:
+    try:
+        storage.write_atomic(layout.writer_path(directory), writer.to_json())
+    except Exception as e:  # noqa: BLE001 -- OSError locally, tf.errors.OpError elsewhere
+        raise CheckpointIOError(
+            f"writing the record of the run that writes {directory!r} failed: {describe(e)}. "
+            "Fix: check free space, permissions and that the storage is reachable, then restart; "
+            "the checkpoints were left as they are."
+        ) from e
 
 
 def claim(directory: str) -> Writer:
@@ -89,7 +107,7 @@ def claim(directory: str) -> Writer:
     by another run means that run did not end cleanly; it is logged, then replaced."""
     previous = current(directory)
     writer = Writer.this_process()
-    storage.write_atomic(layout.writer_path(directory), writer.to_json())
+    _record(directory, writer)
     if previous is not None and previous.ended_at is None:
         log.info("the run that wrote %s before (%s) did not end cleanly: it was killed, or it is still running and "
                  "stops before its next save; this run writes there now", directory, previous.describe())
@@ -101,7 +119,7 @@ def check(directory: str, writer: Writer, *, step: int) -> None:
     did (about to save ``step``). A record that vanished is written again."""
     holder = current(directory)
     if holder is None:
-        storage.write_atomic(layout.writer_path(directory), writer.to_json())
+        _record(directory, writer)
         return
     if holder.token != writer.token:
         raise CheckpointTakenOverError(
@@ -117,9 +135,8 @@ def release(directory: str, writer: Writer) -> None:
     try:
         holder = current(directory)
         if holder is not None and holder.token == writer.token:
-            storage.write_atomic(layout.writer_path(directory),
-                                 dataclasses.replace(writer, ended_at=time.time()).to_json())
-    except Exception as e:  # noqa: BLE001 -- OSError locally, tf.errors.OpError elsewhere; never over the run's own error
+            _record(directory, dataclasses.replace(writer, ended_at=time.time()))
+    except CheckpointIOError as e:  # never raised over the run's own outcome
         log.warning("the record of this run as the writer of %s was not marked as ended (%s); the next run there "
                     "will say that this one did not end cleanly", directory, describe(e))
 

@@ -1,6 +1,7 @@
 """Training on TFRecord files: mirrored resume after SIGKILL is bit-identical, a new topology keeps the order,
 validation metrics are those of the whole set, and malformed --data is a one-line error."""
 
+import glob
 import json
 import sys
 
@@ -63,6 +64,27 @@ def test_mirrored_on_files_resumes_bit_identically_and_a_new_topology_keeps_the_
     assert "reads stream(s) 0-1 of 2" in out
 
 
+@pytest.mark.timeout(300)
+def test_an_unquoted_glob_the_shell_expanded_is_the_same_data_as_the_glob(procs, tmp_path, digits):
+    # `--data DIR/train-*.tfrecord` without quotes reaches tfdist as several paths, in the shell's order.
+    from tfdist.checkpoint import layout
+
+    run = tmp_path / "run"
+    short = ["--epochs", "2", "--steps-per-epoch", "6", "--strategy", "one_device", "--sync-save"]
+    code, out = _train(procs, digits, run, *short, fault="kill_at_step:8")  # the quoted glob; saved at 5 and 6 (epoch end)
+    assert code == -9, out[-4000:]
+    fingerprint = _metadata(run).run_value("data_fingerprint")
+    expanded = sorted(glob.glob(digits["train"]), reverse=True)
+    assert len(expanded) > 1
+    code, out = procs.tfdist(*TRAIN, *short, "--data", *expanded, "--features", digits["features"],
+                             "--validation-data", *glob.glob(digits["validation"]), "--output-dir", str(run),
+                             "--summary-json", str(run / "summary.json"), env=base_env(), timeout=300)
+    assert code == 0, out[-4000:]  # not refused as another run's data: same files, same order
+    summary = read_json(run / "summary.json")
+    assert summary["start_step"] == 6 and summary["global_step"] == 12
+    assert layout.latest_metadata(str(run / "checkpoints")).run_value("data_fingerprint") == fingerprint
+
+
 def test_malformed_npz_is_a_one_line_error_with_exit_code_2(procs, tmp_path):
     np.savez(tmp_path / "short.npz", x=np.zeros((10, 4), np.float32), y=np.zeros(7, np.int64))
     code, out = procs.tfdist("train", "--data", str(tmp_path / "short.npz"), "--output-dir", str(tmp_path / "run"),
@@ -100,6 +122,8 @@ def test_every_malformed_data_input_is_named_with_the_fix(tmp_path, digits, caps
         (["--data", f"{tmp_path}/none-*.tfrecord", "--features", digits["features"]], "no file matches"),
         (["--data", "digits", "--features", digits["features"]], "--features applies to TFRecord files only"),
         (["--data", "tfds:"], "no data set name"),
+        (["--data", "digits", digits["train"].replace("*", "00000")], "--data takes one data set or TFRecord files"),
+        (["--data", *sorted(glob.glob(digits["train"]))], "needs a feature spec; received 4 files"),
     ]
     for args, text in cases:
         code = main(["train", *args, "--output-dir", str(tmp_path / "run"), "--epochs", "1"])

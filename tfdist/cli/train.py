@@ -46,6 +46,22 @@ def _class_weight(text: str) -> dict[int, float]:
     return weights
 
 
+def _one_or_files(values, flag: str):
+    """One ``--data`` value, or several files (an unquoted glob the shell expanded), sorted as a
+    glob's matches are: the same files give the same order, and the same data fingerprint."""
+    if values is None or isinstance(values, str):
+        return values
+    if len(values) == 1:
+        return values[0]
+    named = [v for v in values if v == "digits" or v.startswith("tfds:") or v.endswith(".npz")]
+    if named:
+        from tfdist.errors import DataError
+
+        raise DataError(f"{flag} takes one data set or TFRecord files; received {len(values)} values, among them "
+                        f"{named[0]!r}. Fix: pass one data set, or only TFRecord files (a glob, quoted or not).")
+    return sorted(values)
+
+
 def register(subparsers) -> None:
     from tfdist.models import DEFAULT_KERAS, DEFAULT_MODEL, KERAS_VERSIONS, MODELS
 
@@ -62,14 +78,15 @@ def register(subparsers) -> None:
     model.add_argument("--keras", default=DEFAULT_KERAS, choices=KERAS_VERSIONS,
                        help="build the model with Keras 3 (TensorFlow's default Keras, `import keras`) or 2 (tf_keras); "
                        f"default {DEFAULT_KERAS}")
-    model.add_argument("--data", default="digits", metavar="DATA",
+    model.add_argument("--data", default="digits", metavar="DATA", nargs="+",
                        help="'digits' (bundled, default), 'tfds:NAME' (prepared in TFDS_DATA_DIR), a path to an .npz "
-                       "with x and y, or TFRecord files (a path or a quoted glob, e.g. 'DIR/train-*.tfrecord') with --features")
+                       "with x and y, or TFRecord files with --features: paths or a glob, quoted or expanded by the shell "
+                       "(e.g. DIR/train-*.tfrecord; several files are read in sorted order, as a glob's matches)")
     model.add_argument("--features", default=None, metavar="SPEC",
                        help="how to parse TFRecord --data: a JSON feature spec (x, y, num_classes; see tfdist.data.features) "
                        "or tfds:NAME (that data set's features)")
-    model.add_argument("--validation-data", default=None, metavar="FILES",
-                       help="TFRecord validation files (a path or a quoted glob), parsed with --features")
+    model.add_argument("--validation-data", default=None, metavar="FILES", nargs="+",
+                       help="TFRecord validation files (paths or a glob, quoted or not), parsed with --features")
     model.add_argument("--validation-freq", type=_positive_int, default=1, metavar="N",
                        help="validate after every N-th epoch (default 1)")
     model.add_argument("--class-weight", type=_class_weight, default=None, metavar="C=W,...",
@@ -152,7 +169,8 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist.training import fit
 
     # The record index of read-only data directories is cached next to the checkpoints.
-    train, validation = data_mod.load(args.data, features=args.features, validation=args.validation_data,
+    train, validation = data_mod.load(_one_or_files(args.data, "--data"), features=args.features,
+                                      validation=_one_or_files(args.validation_data, "--validation-data"),
                                       cache_dir=checkpoint_dir)
     num_classes = data_mod.num_classes(train, validation)
 

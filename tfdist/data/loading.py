@@ -77,7 +77,8 @@ def load_npz(path: str, validation_fraction: float = 0.2) -> tuple[ArraySource, 
     return _split(x, arrays["y"], validation_fraction, path)
 
 
-def load_files(pattern: str, features: str, *, validation: str | None = None, cache_dir: str | None = None):
+def load_files(pattern: str | list[str], features: str, *, validation: str | list[str] | None = None,
+               cache_dir: str | None = None):
     """TFRecord files parsed with a feature spec: a JSON file, or ``tfds:NAME`` (that data set's features)."""
     from tfdist.data import features as features_mod
 
@@ -95,13 +96,20 @@ def load_files(pattern: str, features: str, *, validation: str | None = None, ca
     return train, val
 
 
-def load(spec: str, *, features: str | None = None, validation: str | None = None,
+def load(spec: str | list[str], *, features: str | None = None, validation: str | list[str] | None = None,
          cache_dir: str | None = None) -> tuple[Any, Any]:
     """Resolves the CLI's ``--data``: ``digits``, ``tfds:NAME``, a path to an ``.npz``, or TFRecord files.
 
-    TFRecord files (a path or a glob) need ``features``: a JSON feature spec (see
+    TFRecord files (a path, a glob, or a list of paths) need ``features``: a JSON feature spec (see
     ``tfdist.data.features``) or ``tfds:NAME``; ``validation`` names validation files.
     """
+    if isinstance(spec, (list, tuple)) and spec and all(isinstance(p, str) for p in spec):  # TFRecord files
+        if features is None:
+            raise DataError(
+                f"TFRecord data needs a feature spec; received {len(spec)} files without one. Fix: pass --features "
+                "spec.json (or --features tfds:NAME); in Python, tfdist.TFRecordSource(files, parse_fn)."
+            )
+        return load_files(list(spec), features, validation=validation, cache_dir=cache_dir)
     if not isinstance(spec, str) or not spec:
         raise DataError(f"unknown data; received data={spec!r}. Fix: use {DATA_FORMS}.")
     if features is None and validation is None:

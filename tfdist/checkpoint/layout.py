@@ -169,8 +169,8 @@ def parse_file_name(name: str) -> FileName | None:
 def interrupted_writes(directory: str) -> list[str]:
     """The temporary files and folders of writes to ``directory`` that are in flight or were
     interrupted: ``ckpt-<step>_temp/`` of a save, ``*.tmp-<id>`` of an atomic write (metadata, the
-    state file, the writer record) and ``check_writable``'s probe. Never a complete checkpoint, an unlisted one, or
-    one moved aside (``*.replaced-<stamp>``)."""
+    state file, the writer record) and ``check_writable``'s probe. Never a complete checkpoint,
+    an unlisted one, or one moved aside (``*.replaced-<stamp>``)."""
     if not storage.isdir(directory):
         return []
     paths = []

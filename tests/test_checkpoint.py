@@ -329,6 +329,10 @@ def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path):
     assert "global_batch_size: checkpoint 20, this run 30" in message and "allow_changes=True" in message
     with pytest.raises(CheckpointMismatchError, match="data_fingerprint"):
         _fit(tmp_path, epochs=2, data=(_X[::-1].copy(), _Y[::-1].copy()))
+    # The fingerprints come with what they stand for.
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"data_fingerprint: checkpoint '\w+' \(arrays: 300 examples\), this run '\w+' \(arrays: 240 "):
+        _fit(tmp_path, epochs=2, data=(_X[:240], _Y[:240]))
     assert _tree_digest(tmp_path) == before
     changed = _fit(tmp_path, epochs=2, batch_size=30, allow_changes=True)  # deliberate change
     assert changed.tfdist.start_step > 0

@@ -240,6 +240,8 @@ class RunMetadata:
     tensorflow_version: str | None = None
     data_order: dict | None = None
     class_weight: dict | None = None
+    data_summary: str | None = None
+    """For people: what the data was (name, files, examples), quoted when the fingerprints differ."""
 
     # The TensorFlow version is part of the run: the data order comes from stateless random ops
     # (index_shuffle, philox), whose outputs TensorFlow does not promise to keep across versions.
@@ -251,11 +253,15 @@ class RunMetadata:
     def differences(self, saved: "Metadata") -> list[str]:
         """One line per must-match field that differs from the checkpoint's."""
         mine = self.to_json()
-        return [
-            f"{key}: checkpoint {saved.raw.get(key)!r}, this run {mine[key]!r}"
-            for key in self.MUST_MATCH
-            if saved.raw.get(key) != mine[key]
-        ]
+        lines = []
+        for key in self.MUST_MATCH:
+            if saved.raw.get(key) == mine[key]:
+                continue
+            theirs, ours = repr(saved.raw.get(key)), repr(mine[key])
+            if key == "data_fingerprint" and saved.raw.get("data_summary") and self.data_summary:
+                theirs, ours = f"{theirs} ({saved.raw['data_summary']})", f"{ours} ({self.data_summary})"
+            lines.append(f"{key}: checkpoint {theirs}, this run {ours}")
+        return lines
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -296,6 +296,7 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
     run = RunMetadata(
         global_batch_size=sizes.global_batch_size,
         data_fingerprint=shape.source.fingerprint(),
+        data_summary=_data_summary(shape.source),
         model_fingerprint=adapter.fingerprint(built),
         seed=plan.seed,
         shuffle=plan.shuffle,
@@ -324,6 +325,13 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         log.info("resuming from %s: global step %d (epoch %d, step %d of %d)", point.path, point.global_step,
                  point.global_step // spe, point.global_step % spe, spe)
     return checkpointer, point
+
+
+def _data_summary(source) -> str:
+    """``DIR/train-*.tfrecord: 6 file(s), 1,438 examples``: what a data fingerprint stands for."""
+    count = source.num_examples
+    files = f"{len(source.paths)} file(s), " if isinstance(source, data_mod.TFRecordSource) else ""
+    return f"{source.name}: {files}{f'{count:,} examples' if count is not None else 'length unknown'}"
 
 
 def _is_complete(point: ResumePoint, shape: _Shape) -> bool:

@@ -120,6 +120,15 @@ def read_json(path) -> dict:
         return json.load(f)
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` in /proc (R, S, T stopped, Z zombie...); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def wait_for(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors, read_json, wait_for
+from conftest import assert_bit_identical, base_env, checkpoint_tensors, process_state, read_json, wait_for
 
 TRAIN = ["train", "--model", "resnet", "--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "32", "--seed", "4",
          "--deterministic", "--save-every-steps", "3", "--verbose", "0"]
@@ -113,11 +113,6 @@ def test_sigterm_from_outside_saves_and_the_rerun_is_identical(procs, tmp_path):
                          checkpoint_tensors(str(interrupted / "checkpoints")))
 
 
-def _process_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]  # R, S, T (stopped), Z...
-
-
 @pytest.mark.timeout(300)
 def test_a_frozen_run_that_comes_back_after_another_took_over_stops_without_writing(procs, tmp_path):
     # Split brain: run 1 freezes (a paused VM, a pod cut off) and a replacement starts the same
@@ -129,7 +124,7 @@ def test_a_frozen_run_that_comes_back_after_another_took_over_stops_without_writ
     assert code == 0, out[-3000:]
     args = [sys.executable, "-m", "tfdist", *TRAIN, "--output-dir", str(shared)]
     frozen = procs.start(args, env=base_env(TFDIST_FAULT="stop_at_step:5"))
-    wait_for(lambda: _process_state(frozen.pid) == "T" or frozen.poll() is not None, timeout=120,
+    wait_for(lambda: process_state(frozen.pid) == "T" or frozen.poll() is not None, timeout=120,
              what="run 1 to stop itself at step 5")
     writer = layout.writer_path(str(shared / "checkpoints"))
     first_claim = read_json(writer)

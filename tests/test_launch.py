@@ -20,6 +20,8 @@ import time
 
 import pytest
 
+from conftest import process_state
+
 from tfdist import env
 from tfdist.cluster import parse_tf_config
 from tfdist.errors import LaunchError
@@ -81,11 +83,8 @@ def _recorded_pids(tmp_path: pathlib.Path, pattern: str = "pid-*.log") -> list[i
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    state = process_state(pid)
+    return state is not None and state != "Z"
 
 
 def _launch(command, **options):

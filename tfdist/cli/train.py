@@ -53,7 +53,9 @@ def _one_or_files(values, flag: str):
         return values
     if len(values) == 1:
         return values[0]
-    named = [v for v in values if v == "digits" or v.startswith("tfds:") or v.endswith(".npz")]
+    from tfdist.data.loading import names_a_data_set
+
+    named = [v for v in values if names_a_data_set(v)]
     if named:
         from tfdist.errors import DataError
 

@@ -96,6 +96,11 @@ def load_files(pattern: str | list[str], features: str, *, validation: str | lis
     return train, val
 
 
+def names_a_data_set(spec: str) -> bool:
+    """Whether ``--data`` names a whole data set (``digits``, ``tfds:NAME``, an ``.npz``), not TFRecord files."""
+    return spec == "digits" or spec.startswith("tfds:") or spec.endswith(".npz")
+
+
 def load(spec: str | list[str], *, features: str | None = None, validation: str | list[str] | None = None,
          cache_dir: str | None = None) -> tuple[Any, Any]:
     """Resolves the CLI's ``--data``: ``digits``, ``tfds:NAME``, a path to an ``.npz``, or TFRecord files.
@@ -124,7 +129,7 @@ def load(spec: str | list[str], *, features: str | None = None, validation: str 
             return tfds_mod.load(name, cache_dir=cache_dir)
         if spec.endswith(".npz"):
             return load_npz(spec)
-    elif spec == "digits" or spec.startswith("tfds:") or spec.endswith(".npz"):
+    elif names_a_data_set(spec):
         given = "--features" if features is not None else "--validation-data"
         raise DataError(f"{given} applies to TFRecord files only; received data={spec!r} with {given}. "
                         f"Fix: drop {given}, or pass TFRecord files as the data.")

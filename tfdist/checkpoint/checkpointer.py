@@ -218,9 +218,10 @@ class Checkpointer:
             self.last_written_at = time.perf_counter()
             self.last_write_seconds = self.last_written_at - self._save_started
             log.debug("%s written in %.3f s", save_path, self.last_write_seconds)
+        step = layout.step_of(save_path)
         if self.is_chief and self._writer is not None:  # before the manager lists it and deletes old ones
             try:
-                self._check_writer(layout.step_of(save_path))
+                self._check_writer(step)
             except CheckpointTakenOverError:
                 # A save in flight when another run took over (this run was frozen): its files go, unless
                 # that run lists the step; raising here skips the manager's listing and deletions.
@@ -229,7 +230,7 @@ class Checkpointer:
                     for path in layout.checkpoint_files(save_path):
                         storage.remove(path)
                 raise
-        self._written_step = layout.step_of(save_path)
+        self._written_step = step
 
     def sync(self) -> None:
         """Waits for a background save; raises CheckpointError if it failed.

@@ -510,8 +510,9 @@ def main() -> None:
                          "–", "–"))
             notes.append(f"(a)/(c): {len(a['runs']['sync'])} repetitions of sync save, async save, raw write and "
                          "plain Checkpoint.write, "
-                         "alternated, after one discarded warm-up save of each kind; keep=2, so from the third save on "
-                         "a sync save also deletes the oldest checkpoint (an async save does it in the background); the "
+                         "alternated, after three discarded warm-up saves of each kind (TensorFlow's first async saves "
+                         "trace and allocate); keep=2, so every timed sync save also deletes the oldest checkpoint (an "
+                         "async save does it in the background); the "
                          "checkpoint files are fsynced "
                          "after each save (outside the blocked/complete times) so dirty pages do not carry over. "
                          f"Directory {workdir} on {info['filesystems'][workdir]}.")

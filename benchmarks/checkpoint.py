@@ -70,14 +70,14 @@ def _checkpoint_bytes(prefix: str) -> int:
 
 
 # --- (a) + (c): blocking and bandwidth on the wide model ---------------------------------------
-def saves(workdir: str, reps: int, model_name: str, device: str = "/cpu:0") -> dict:
-    """(a)/(c) with the model's state on ``device`` (benchmarks/gpu.py passes a GPU)."""
-    import numpy as np
+def model_checkpointers(directories: dict[str, str], model_name: str, device: str = "/cpu:0"):
+    """The built-in ``model_name`` + Adam with its state on ``device``, after one training step (non-zero
+    optimizer slots, as in a real run), and one chief Checkpointer of its state per entry of
+    ``directories`` (``{"sync" | "async": directory}``): ``(model, {mode: Checkpointer})``."""
     import tensorflow as tf
 
     from tfdist import checkpoint as ckpt_mod
     from tfdist import models
-    from tfdist.checkpoint.layout import checkpoint_files as layout_files
     from tfdist.data import load_digits
     from tfdist.training import model as keras_model
 
@@ -87,17 +87,28 @@ def saves(workdir: str, reps: int, model_name: str, device: str = "/cpu:0") -> d
                                                         keras="2"),
                                          strategy)
     adapter.prepare(model, sample=train.sample(32), grad_accum_steps=1)
-    model.train_on_batch(*train.sample(32))  # non-zero optimizer slots, as in a real run
-    params = int(model.count_params())
+    model.train_on_batch(*train.sample(32))
     checkpointers = {}
-    for mode in ("sync", "async"):
-        options = ckpt_mod.CheckpointOptions(directory=os.path.join(workdir, mode), keep=2, async_save=mode == "async")
+    for mode, directory in directories.items():
+        options = ckpt_mod.CheckpointOptions(directory=directory, keep=2, async_save=mode == "async")
         checkpointers[mode] = ckpt_mod.Checkpointer(
             options=options, state=adapter.state(model), strategy=strategy,
             is_chief=True, task_name="chief:0",
             run_metadata=ckpt_mod.RunMetadata(global_batch_size=32, data_fingerprint="digits",
                                               model_fingerprint=model_name, seed=0),
         )
+    return model, checkpointers
+
+
+def saves(workdir: str, reps: int, model_name: str, device: str = "/cpu:0") -> dict:
+    """(a)/(c) with the model's state on ``device`` (benchmarks/gpu.py passes a GPU)."""
+    import numpy as np
+
+    from tfdist.checkpoint.layout import checkpoint_files as layout_files
+
+    model, checkpointers = model_checkpointers({mode: os.path.join(workdir, mode) for mode in ("sync", "async")},
+                                               model_name, device)
+    params = int(model.count_params())
     step = [0]
 
     def save(mode: str) -> dict:

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import checkpoint  # noqa: E402  (benchmarks/checkpoint.py: the same model and Checkpointer as its part a)
 
 
 def main() -> None:
@@ -18,24 +23,9 @@ def main() -> None:
     p.add_argument("--saves", type=int, default=4, help="saves timed; the last one is profiled")
     p.add_argument("--device", default="/gpu:0")
     args = p.parse_args()
-    import tensorflow as tf
-
-    from tfdist import checkpoint as ckpt_mod
-    from tfdist import models
-    from tfdist.data import load_digits
-    from tfdist.training import model as keras_model
-
-    train, _ = load_digits()
-    strategy = tf.distribute.OneDeviceStrategy(args.device)
-    builder = models.builder("wide", input_shape=train.example_shape, num_classes=10, keras="2")
-    adapter, model = keras_model.resolve(builder, strategy)
-    adapter.prepare(model, sample=train.sample(32), grad_accum_steps=1)
-    model.train_on_batch(*train.sample(32))
-    checkpointer = ckpt_mod.Checkpointer(
-        options=ckpt_mod.CheckpointOptions(directory=tempfile.mkdtemp(prefix="tfdist-save-profile-"), keep=2),
-        state=adapter.state(model), strategy=strategy, is_chief=True, task_name="chief:0",
-        run_metadata=ckpt_mod.RunMetadata(global_batch_size=32, data_fingerprint="digits", model_fingerprint="wide",
-                                          seed=0))
+    directory = tempfile.mkdtemp(prefix="tfdist-save-profile-")
+    model, checkpointers = checkpoint.model_checkpointers({"async": directory}, "wide", args.device)
+    checkpointer = checkpointers["async"]
     print(f"state on {model.weights[0].device}: {len(model.weights)} model + "
           f"{len(model.optimizer.variables())} optimizer variables")
     profile = cProfile.Profile()

@@ -101,6 +101,11 @@ def names_a_data_set(spec: str) -> bool:
     return spec == "digits" or spec.startswith("tfds:") or spec.endswith(".npz")
 
 
+def _needs_features(received: str) -> DataError:
+    return DataError(f"TFRecord data needs a feature spec; received {received} without one. Fix: pass --features "
+                     "spec.json (or --features tfds:NAME); in Python, tfdist.TFRecordSource(files, parse_fn).")
+
+
 def load(spec: str | list[str], *, features: str | None = None, validation: str | list[str] | None = None,
          cache_dir: str | None = None) -> tuple[Any, Any]:
     """Resolves the CLI's ``--data``: ``digits``, ``tfds:NAME``, a path to an ``.npz``, or TFRecord files.
@@ -110,10 +115,7 @@ def load(spec: str | list[str], *, features: str | None = None, validation: str 
     """
     if isinstance(spec, (list, tuple)) and spec and all(isinstance(p, str) for p in spec):  # TFRecord files
         if features is None:
-            raise DataError(
-                f"TFRecord data needs a feature spec; received {len(spec)} files without one. Fix: pass --features "
-                "spec.json (or --features tfds:NAME); in Python, tfdist.TFRecordSource(files, parse_fn)."
-            )
+            raise _needs_features(f"{len(spec)} files")
         return load_files(list(spec), features, validation=validation, cache_dir=cache_dir)
     if not isinstance(spec, str) or not spec:
         raise DataError(f"unknown data; received data={spec!r}. Fix: use {DATA_FORMS}.")
@@ -138,10 +140,7 @@ def load(spec: str | list[str], *, features: str | None = None, validation: str 
 
         looks_like_files = any(c in spec for c in "*?[") or tf.io.gfile.exists(spec)
         if looks_like_files:
-            raise DataError(
-                f"TFRecord data needs a feature spec; received data={spec!r} without one. Fix: pass --features spec.json "
-                "(or --features tfds:NAME); in Python, tfdist.TFRecordSource(files, parse_fn)."
-            )
+            raise _needs_features(f"data={spec!r}")
         raise DataError(f"unknown data; received data={spec!r}. Fix: use {DATA_FORMS}.")
     return load_files(spec, features, validation=validation, cache_dir=cache_dir)
 

@@ -15,6 +15,7 @@ import re
 import signal
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -521,6 +522,93 @@ def test_the_checkpointer_reports_when_a_background_save_was_written(tmp_path):
         assert checkpointer.last_write_seconds is not None and checkpointer.last_write_seconds > 0
         assert layout.checkpoint_paths(str(tmp_path)) == [path]  # written, listed, and the older one swept
     checkpointer.close()
+
+
+class _Hold:
+    """Stops TensorFlow's writer thread once, inside its walk of the object graph."""
+
+    def __init__(self):
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def pause(self) -> None:
+        self.entered.set()
+        self.release.wait(60)
+
+
+def _gated_model(keras_name: str, hold: _Hold):
+    """A tiny model whose last layer pauses the first background walk of the object graph that
+    reaches it: after the walk listed the model's children, before it serializes them."""
+    keras = __import__(keras_name)
+
+    class Gate(keras.layers.Layer):
+        armed = False
+
+        def call(self, inputs):
+            return inputs
+
+        def _trackable_children(self, save_type="checkpoint", **kwargs):
+            children = super()._trackable_children(save_type, **kwargs)
+            if Gate.armed and threading.current_thread() is not threading.main_thread():
+                Gate.armed = False
+                hold.pause()
+            return children
+
+    def build():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
+                                  keras.layers.Dense(3), Gate()])
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    return build, Gate
+
+
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_a_function_keras_creates_during_a_background_save_does_not_break_it(tmp_path, keras_name):
+    """Keras adds ``predict_function`` (tf_keras also ``test_function``, at the first
+    validation) to the model when it first needs it, possibly while TensorFlow's writer thread
+    walks the object graph: the walk then met a child it had not numbered (KeyError) and the
+    save failed. Functions hold no state; the checkpoint leaves them out."""
+    import tfdist
+    from tfdist import checkpoint as ckpt_mod
+    from tfdist.checkpoint import layout
+    from tfdist.training import model as keras_model
+
+    hold = _Hold()
+    build, gate = _gated_model(keras_name, hold)
+    strategy = tfdist.make_strategy("one_device")
+    adapter, model = keras_model.resolve(build, strategy)
+    adapter.prepare(model, sample=(_X[:4], _Y[:4]), grad_accum_steps=1)
+    checkpointer = ckpt_mod.Checkpointer(options=ckpt_mod.CheckpointOptions(directory=str(tmp_path), keep=2),
+                                         state=adapter.state(model), strategy=strategy, is_chief=True, task_name="worker:0",
+                                         run_metadata=ckpt_mod.RunMetadata(global_batch_size=20, data_fingerprint="d",
+                                                                           model_fingerprint="m", seed=0))
+    try:
+        checkpointer.save(global_step=1, epoch=0, step_in_epoch=1, history=[])
+        checkpointer.sync()
+        gate.armed = True
+        path = checkpointer.save(global_step=2, epoch=0, step_in_epoch=2, history=[])
+        assert hold.entered.wait(60), "the writer thread did not reach the gate layer"
+        assert getattr(model, "predict_function", None) is None
+        model.predict(_X[:4], verbose=0)  # creates predict_function while the writer thread is paused
+        assert model.predict_function is not None
+    finally:
+        hold.release.set()
+    checkpointer.sync()
+    assert layout.checkpoint_paths(str(tmp_path))[-1] == path
+    checkpointer.close()
+
+    # The same variable names as tf.train.Checkpoint(model=..., optimizer=...), whose checkpoint
+    # -- with the functions' nodes -- restores through the view.
+    import tensorflow as tf
+    from tfdist.checkpoint import graph
+
+    plain = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(tmp_path / "plain" / "ckpt"))
+    model_keys = lambda p: sorted(k for k, _ in tf.train.list_variables(p) if k.startswith(("model/", "optimizer/")))  # noqa: E731
+    assert model_keys(path) == model_keys(plain) and len(model_keys(path)) >= 8
+    saved = [w.copy() for w in model.get_weights()]
+    model.set_weights([w + 1.0 for w in saved])
+    tf.train.Checkpoint(model=graph.model_state(model)).read(plain).assert_existing_objects_matched()
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), saved))
 
 
 def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_locally(tmp_path, monkeypatch, capsys):

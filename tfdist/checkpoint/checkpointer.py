@@ -21,7 +21,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, storage
-from tfdist.checkpoint import layout, ownership
+from tfdist.checkpoint import graph, layout, ownership
 from tfdist.checkpoint.replicas import ReplicaValues
 from tfdist.errors import (
     CheckpointError, CheckpointIOError, CheckpointMismatchError, CheckpointTakenOverError, describe,
@@ -167,7 +167,7 @@ class Checkpointer:
         self._replica_metrics = ReplicaValues.of(strategy, state.replica_metrics, name=layout.REPLICA_METRICS)
         extra = {group.name: group.module for group in self._replica_groups}
         children = {
-            layout.MODEL: state.model, layout.OPTIMIZER: state.optimizer, layout.PROGRESS: self.counters.module,
+            layout.MODEL: graph.model_state(state.model), layout.OPTIMIZER: state.optimizer, layout.PROGRESS: self.counters.module,
             layout.RNG: rng, layout.METRICS: self._metrics, **extra,
         }
         # The callbacks' arrays (training.callback_state) are saved with the rest but restored on

@@ -1,5 +1,6 @@
 """Checkpoints: the on-disk layout (``layout``), saving and restoring a run (``checkpointer``),
-each replica's own on-read state (``replicas``), and looking into a directory (``inspect``)."""
+each replica's own on-read state (``replicas``), the model as a checkpoint sees it (``graph``),
+and looking into a directory (``inspect``)."""
 
 from tfdist.checkpoint.checkpointer import (
     Checkpointer,

@@ -554,8 +554,9 @@ def _gated_model(keras_name: str, hold: _Hold):
             return children
 
     def build():
-        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
-                                  keras.layers.Dense(3), Gate()])
+        encoder = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), keras.layers.BatchNormalization()],
+                                   name="encoder")
+        model = keras.Sequential([keras.Input((6,)), encoder, keras.layers.Dense(3), Gate()])
         model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
@@ -565,9 +566,10 @@ def _gated_model(keras_name: str, hold: _Hold):
 @pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
 def test_a_function_keras_creates_during_a_background_save_does_not_break_it(tmp_path, keras_name):
     """Keras adds ``predict_function`` (tf_keras also ``test_function``, at the first
-    validation) to the model when it first needs it, possibly while TensorFlow's writer thread
-    walks the object graph: the walk then met a child it had not numbered (KeyError) and the
-    save failed. Functions hold no state; the checkpoint leaves them out."""
+    validation) to a model, nested ones too, when it first needs it, possibly while
+    TensorFlow's writer thread walks the object graph: the walk then met a child it had not
+    numbered (KeyError) and the save failed. Functions hold no state; the checkpoint leaves
+    them out."""
     import tfdist
     from tfdist import checkpoint as ckpt_mod
     from tfdist.checkpoint import layout
@@ -588,9 +590,11 @@ def test_a_function_keras_creates_during_a_background_save_does_not_break_it(tmp
         gate.armed = True
         path = checkpointer.save(global_step=2, epoch=0, step_in_epoch=2, history=[])
         assert hold.entered.wait(60), "the writer thread did not reach the gate layer"
-        assert getattr(model, "predict_function", None) is None
+        encoder = model.get_layer("encoder")
+        assert getattr(model, "predict_function", None) is None and getattr(encoder, "predict_function", None) is None
         model.predict(_X[:4], verbose=0)  # creates predict_function while the writer thread is paused
-        assert model.predict_function is not None
+        encoder.predict(_X[:4], verbose=0)  # as a callback showing the encoder's outputs would
+        assert model.predict_function is not None and encoder.predict_function is not None
     finally:
         hold.release.set()
     checkpointer.sync()

@@ -1,8 +1,9 @@
 """The model as a checkpoint sees it: its state, without the functions Keras attaches to it.
 
-Keras tracks the functions it compiles as children of the model -- ``predict_function`` at
-the first ``predict`` (Keras 3 and tf_keras), ``test_function`` at the first validation
-(tf_keras) -- and it creates them when first needed, in the middle of a run. TensorFlow's
+Keras tracks the functions it compiles as children of the model that runs them --
+``predict_function`` at the first ``predict`` (Keras 3 and tf_keras), ``test_function`` at
+the first validation (tf_keras) -- and it creates them when first needed, in the middle of a
+run, for a nested model too (a callback calling ``encoder.predict``). TensorFlow's
 asynchronous save walks the object graph in its writer thread: a function attached between
 the walk's listing of the model's children and its numbering of them made the save fail
 with a ``KeyError`` (seen in CI: a validation at an epoch's end while the save of a step
@@ -17,23 +18,50 @@ nodes) restore unchanged.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
-# The Trackable methods through which an object holds values of its own. A model class that
-# overrides one is saved as it is: the view forwards children only.
+# The Trackable methods through which an object holds values of its own. An object whose class
+# overrides one is saved as it is: a view forwards children only.
 _OWN_VALUES = ("_serialize_to_tensors", "_restore_from_tensors", "_gather_saveables_for_checkpoint",
                "_copy_trackable_to_cpu")
 
 
 def model_state(model: Any) -> Any:
-    """What a checkpoint tracks for ``model``: a view of its children without functions, or
-    the model itself if its class keeps values of its own (the view could not save them)."""
+    """What a checkpoint tracks for ``model``: a view of its children without functions, or the
+    model itself if its class keeps values of its own (a view could not save them). The Keras
+    models nested in it, directly or in lists and dicts, are seen the same way."""
+    return _Views().of(model)
+
+
+class _Views:
+    """One view per object: the object graph has one node per object (a model reached by two
+    names stays one node). Made by whichever thread walks the graph first, under a lock."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._made: dict[int, tuple[Any, Any]] = {}  # id(obj) -> (obj, its view); obj kept alive
+
+    def of(self, obj: Any) -> Any:
+        if not _may_hold_functions(obj):
+            return obj
+        with self._lock:
+            if id(obj) not in self._made:
+                self._made[id(obj)] = (obj, _view_class()(obj, self))
+            return self._made[id(obj)][1]
+
+
+def _may_hold_functions(obj: Any) -> bool:
+    """A Keras model, or a list or dict of a model's that may hold one, without values of its own.
+    Layers and everything else are left as they are: tfdist's root reaches metrics (layers, in
+    tf_keras) by another path too, and two objects for one node would warn at restore."""
     import tensorflow as tf
 
+    container = isinstance(obj, tf.__internal__.tracking.TrackableDataStructure)
+    if not (container or callable(getattr(type(obj), "make_predict_function", None))):
+        return False
     base = tf.__internal__.tracking.Trackable
-    if any(getattr(type(model), name, None) is not getattr(base, name) for name in _OWN_VALUES):
-        return model
-    return _view_class()(model)
+    return all(getattr(type(obj), name, None) is getattr(base, name) for name in _OWN_VALUES)
 
 
 @functools.cache
@@ -42,19 +70,19 @@ def _view_class() -> type:
 
     functions = (tf.types.experimental.PolymorphicFunction, tf.types.experimental.ConcreteFunction)
 
-    class ModelState(tf.__internal__.tracking.Trackable):
-        """The model's checkpoint children, functions left out; restores go to the model's
-        own objects (the view has no values and no dependencies of its own)."""
+    class StateView(tf.__internal__.tracking.Trackable):
+        """An object's checkpoint children, functions left out; restores go to its own
+        objects (the view has no values and no dependencies of its own)."""
 
-        def __init__(self, model):
-            self._model = model
+        def __init__(self, obj, views: _Views):
+            self._obj, self._views = obj, views
 
         def _trackable_children(self, save_type="checkpoint", **kwargs):
-            children = self._model._trackable_children(save_type, **kwargs)
-            return {name: child for name, child in children.items() if not isinstance(child, functions)}
+            children = self._obj._trackable_children(save_type, **kwargs)
+            return {name: self._views.of(child) for name, child in children.items() if not isinstance(child, functions)}
 
         def _lookup_dependency(self, name, cached_dependencies=None):
-            child = self._model._lookup_dependency(name, cached_dependencies)
-            return None if isinstance(child, functions) else child
+            child = self._obj._lookup_dependency(name, cached_dependencies)
+            return None if isinstance(child, functions) else self._views.of(child)
 
-    return ModelState
+    return StateView

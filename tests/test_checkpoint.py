@@ -503,19 +503,25 @@ def test_each_replica_gets_its_own_on_read_state_back(procs):
     assert result["statistics_after"] == result["statistics_before"]
 
 
-def test_the_checkpointer_reports_when_a_background_save_was_written(tmp_path):
+def _checkpointer(build, directory, *, keep: int):
+    """(model, Checkpointer) of a one-device run of ``build``'s model, saving asynchronously."""
     import tfdist
     from tfdist import checkpoint as ckpt_mod
-    from tfdist.checkpoint import layout
     from tfdist.training import model as keras_model
 
     strategy = tfdist.make_strategy("one_device")
-    adapter, model = keras_model.resolve(_tiny, strategy)
+    adapter, model = keras_model.resolve(build, strategy)
     adapter.prepare(model, sample=(_X[:4], _Y[:4]), grad_accum_steps=1)
-    checkpointer = ckpt_mod.Checkpointer(options=ckpt_mod.CheckpointOptions(directory=str(tmp_path), keep=1),
-                                         state=adapter.state(model), strategy=strategy, is_chief=True, task_name="worker:0",
-                                         run_metadata=ckpt_mod.RunMetadata(global_batch_size=20, data_fingerprint="d",
-                                                                           model_fingerprint="m", seed=0))
+    run = ckpt_mod.RunMetadata(global_batch_size=20, data_fingerprint="d", model_fingerprint="m", seed=0)
+    return model, ckpt_mod.Checkpointer(options=ckpt_mod.CheckpointOptions(directory=str(directory), keep=keep),
+                                        state=adapter.state(model), strategy=strategy, is_chief=True,
+                                        task_name="worker:0", run_metadata=run)
+
+
+def test_the_checkpointer_reports_when_a_background_save_was_written(tmp_path):
+    from tfdist.checkpoint import layout
+
+    _, checkpointer = _checkpointer(_tiny, tmp_path, keep=1)
     for step in (1, 2):
         path = checkpointer.save(global_step=step, epoch=0, step_in_epoch=step, history=[])
         checkpointer.sync()
@@ -570,20 +576,11 @@ def test_a_function_keras_creates_during_a_background_save_does_not_break_it(tmp
     TensorFlow's writer thread walks the object graph: the walk then met a child it had not
     numbered (KeyError) and the save failed. Functions hold no state; the checkpoint leaves
     them out."""
-    import tfdist
-    from tfdist import checkpoint as ckpt_mod
     from tfdist.checkpoint import layout
-    from tfdist.training import model as keras_model
 
     hold = _Hold()
     build, gate = _gated_model(keras_name, hold)
-    strategy = tfdist.make_strategy("one_device")
-    adapter, model = keras_model.resolve(build, strategy)
-    adapter.prepare(model, sample=(_X[:4], _Y[:4]), grad_accum_steps=1)
-    checkpointer = ckpt_mod.Checkpointer(options=ckpt_mod.CheckpointOptions(directory=str(tmp_path), keep=2),
-                                         state=adapter.state(model), strategy=strategy, is_chief=True, task_name="worker:0",
-                                         run_metadata=ckpt_mod.RunMetadata(global_batch_size=20, data_fingerprint="d",
-                                                                           model_fingerprint="m", seed=0))
+    model, checkpointer = _checkpointer(build, tmp_path, keep=2)
     try:
         checkpointer.save(global_step=1, epoch=0, step_in_epoch=1, history=[])
         checkpointer.sync()

@@ -604,8 +604,10 @@ def test_a_function_keras_creates_during_a_background_save_does_not_break_it(tmp
     from tfdist.checkpoint import graph
 
     plain = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(tmp_path / "plain" / "ckpt"))
-    model_keys = lambda p: sorted(k for k, _ in tf.train.list_variables(p) if k.startswith(("model/", "optimizer/")))  # noqa: E731
-    assert model_keys(path) == model_keys(plain) and len(model_keys(path)) >= 8
+    def keys(checkpoint):
+        return sorted(k for k, _ in tf.train.list_variables(checkpoint) if k.startswith(("model/", "optimizer/")))
+
+    assert keys(path) == keys(plain) and len(keys(path)) >= 8
     saved = [w.copy() for w in model.get_weights()]
     model.set_weights([w + 1.0 for w in saved])
     tf.train.Checkpoint(model=graph.model_state(model)).read(plain).assert_existing_objects_matched()

@@ -167,8 +167,8 @@ class Checkpointer:
         self._replica_metrics = ReplicaValues.of(strategy, state.replica_metrics, name=layout.REPLICA_METRICS)
         extra = {group.name: group.module for group in self._replica_groups}
         children = {
-            layout.MODEL: graph.model_state(state.model), layout.OPTIMIZER: state.optimizer, layout.PROGRESS: self.counters.module,
-            layout.RNG: rng, layout.METRICS: self._metrics, **extra,
+            layout.MODEL: graph.model_state(state.model), layout.OPTIMIZER: state.optimizer,
+            layout.PROGRESS: self.counters.module, layout.RNG: rng, layout.METRICS: self._metrics, **extra,
         }
         # The callbacks' arrays (training.callback_state) are saved with the rest but restored on
         # their own: a checkpoint without them (the callbacks changed) still resumes.

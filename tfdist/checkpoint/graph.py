@@ -10,9 +10,10 @@ with a ``KeyError`` (seen in CI: a validation at an epoch's end while the save o
 was being written). Functions hold no values, so the checkpoint leaves them out: its graph
 then only changes when state is created, which the adapters do before the first save.
 
-The variables' names and the object paths of everything else are those of
-``tf.train.Checkpoint(model=model)``; checkpoints written before (with the functions' empty
-nodes) restore unchanged.
+The variables' names and the object paths of everything else are those the model itself
+gives; checkpoints written before (with the functions' empty nodes) restore unchanged. Not
+seen through: a model held by a layer that is not a model (``TimeDistributed(encoder)``); a
+``predict`` of such an inner model during a save can still fail that save.
 """
 
 from __future__ import annotations

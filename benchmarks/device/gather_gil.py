@@ -19,11 +19,15 @@ needed.
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
+import sys
 import threading
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: E402  (benchmarks/_common.py: statistics, the alternating order, the machine)
 
 BATCH, EXAMPLES, SHAPE = 256, 20_000, (32, 32, 3)
 KINDS = {
@@ -101,47 +105,46 @@ def main() -> None:
         from tfdist.data import pipeline
 
         pipeline.READ_BYTES = int(args.read_mib * 2**20)
+    info = _common.machine()
     rng = np.random.default_rng(0)
     x = rng.random((EXAMPLES, *SHAPE), dtype=np.float32)
     y = rng.integers(0, 10, EXAMPLES)
     loop, idle, busy = ({kind: [] for kind in KINDS} for _ in range(3))
-    for _ in range(args.repeats):
-        for kind in KINDS:
-            alone = _count(args.seconds)
-            ds, steps = _pipeline(kind, x, y)
-            stop, marks = threading.Event(), []
-            reader = threading.Thread(target=_read, args=(ds, steps, stop, marks))
-            reader.start()
-            while not marks and reader.is_alive():  # a captured tensor is serialized first: seconds
-                time.sleep(0.05)
-            time.sleep(1.0)  # the pipeline's buffers filled
-            begin = time.perf_counter()
-            time.sleep(args.seconds)  # the main thread idle
-            middle = time.perf_counter()
-            beside = _count(args.seconds)  # the main thread busy in Python
-            end = time.perf_counter()
-            stop.set()
-            reader.join()
-            loop[kind].append(beside / alone)
-            idle[kind].append(_rate(marks, begin, middle))
-            busy[kind].append(_rate(marks, middle, end))
+    for _, kind in _common.alternate(list(KINDS), args.repeats):
+        alone = _count(args.seconds)
+        ds, steps = _pipeline(kind, x, y)
+        stop, marks = threading.Event(), []
+        reader = threading.Thread(target=_read, args=(ds, steps, stop, marks))
+        reader.start()
+        while not marks and reader.is_alive():  # a captured tensor is serialized first: seconds
+            time.sleep(0.05)
+        time.sleep(1.0)  # the pipeline's buffers filled
+        begin = time.perf_counter()
+        time.sleep(args.seconds)  # the main thread idle
+        middle = time.perf_counter()
+        beside = _count(args.seconds)  # the main thread busy in Python
+        end = time.perf_counter()
+        stop.set()
+        reader.join()
+        loop[kind].append(beside / alone)
+        idle[kind].append(_rate(marks, begin, middle))
+        busy[kind].append(_rate(marks, middle, end))
+    info["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
 
-    def spread(values, fmt):
-        return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
-
-    print(f"\n{BATCH} images of {SHAPE} a step, {steps} step(s) a read, {args.repeats} interleaved repetitions "
-          f"of {args.seconds:g} s\n")
+    print(f"\nMachine: {_common.describe_machine(info)}")
+    print(f"{BATCH} images of {SHAPE} a step, {steps} step(s) a read, {args.repeats} repetitions of "
+          f"{args.seconds:g} s, the readers alternated\n")
     print("| reader | images/s, main thread idle | images/s beside a busy Python loop | that loop's speed / alone |")
     print("|---|---|---|---|")
+    stats = {kind: [_common.summary(v[kind]) for v in (idle, busy, loop)] for kind in KINDS}
     for kind, what in KINDS.items():
-        print(f"| {what} | {spread(idle[kind], '{:,.0f}')} | {spread(busy[kind], '{:,.0f}')} | "
-              f"{spread(loop[kind], '{:.2f}')} |")
-    median = statistics.median
+        rate_idle, rate_busy, speed = stats[kind]
+        print(f"| {what} | {_common.fmt(rate_idle, 1e-3, 'k')} | {_common.fmt(rate_busy, 1e-3, 'k')} | "
+              f"{_common.fmt_ratio(speed)} |")
     for kind in ("variable", "constant"):
-        print(f"\ntfdist / {kind}: images/s idle {median(idle['tfdist']) / median(idle[kind]):.2f}, beside the loop "
-              f"{median(busy['tfdist']) / median(busy[kind]):.2f}; the loop's speed "
-              f"{median(loop['tfdist']) / median(loop[kind]):.2f}")
-
+        idle_ratio, busy_ratio, speed_ratio = (a["median"] / b["median"] for a, b in zip(stats["tfdist"], stats[kind]))
+        print(f"\ntfdist / {kind}: images/s idle {idle_ratio:.2f}, beside the loop {busy_ratio:.2f}; "
+              f"the loop's speed {speed_ratio:.2f}")
 
 if __name__ == "__main__":
     main()

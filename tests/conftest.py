@@ -89,6 +89,15 @@ class Processes:
 
 
 @pytest.fixture
+def ctrl_c():
+    """SIGINT answered as at a terminal, in this process and the processes it starts, whatever
+    this one inherited (a job started in the background, e.g. with nohup, ignores SIGINT)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
 def procs():
     processes = Processes()
     yield processes

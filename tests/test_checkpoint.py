@@ -2,7 +2,7 @@
 
 Each scenario runs the real ``tfdist train`` in subprocesses, with the built-in ``resnet``: input
 noise, batch normalization (per-replica moving statistics under mirrored), dropout and a
-decaying learning rate, as real CNNs have. Kills are placed with
+decaying learning rate, as real CNNs have. Kills (and a Ctrl-C) are placed with
 ``TFDIST_FAULT`` (a task kills itself at an exact step, or right after starting an async
 save) rather than by racing a timer; one test also kills from outside.
 """
@@ -52,7 +52,7 @@ def _history(out_dir):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy,keras", [(s, "3") for s in sorted(STRATEGY_ARGS)] + [("mirrored", "2")])
-def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, tmp_path, strategy, keras):
+def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, ctrl_c, tmp_path, strategy, keras):
     args = [*STRATEGY_ARGS[strategy], "--keras", keras]
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
     code, out = _train(procs, reference, args)
@@ -74,11 +74,15 @@ def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, tmp_path, 
     assert code == 75, out[-3000:]
     # Resumed from a completed save: every 3 steps and epoch ends, 16 if its save finished before the kill.
     assert _resumed_at(out) in (3, 6, 8, 9, 12, 15, 16)
-    # 5. The same command again runs to the end.
+    # 5. Ctrl-C (SIGINT) at step 22, which no save policy saves: saved there, exit 130.
+    code, out = _train(procs, interrupted, args, fault="int_at_step:22")
+    assert code == 130 and "tfdist: interrupted by SIGINT at step 22, saved there" in out, out[-3000:]
+    assert _resumed_at(out) == 20
+    # 6. The same command again runs to the end.
     code, out = _train(procs, interrupted, args)
     assert code == 0, out[-3000:]
     summary = read_json(interrupted / "summary.json")
-    assert summary["start_step"] == 20 and summary["resumed_from"].endswith("ckpt-20")
+    assert summary["start_step"] == 22 and summary["resumed_from"].endswith("ckpt-22")
     assert summary["global_step"] == TOTAL and summary["strategy"] == strategy
 
     assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),

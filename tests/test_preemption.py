@@ -69,3 +69,88 @@ def test_workers_also_agree_where_every_worker_pauses_anyway(monkeypatch):
     unit.watcher._event.set()  # a signal arrived
     assert unit.check(9, timed=True) == (False, False)  # not an agreed step: no worker acts alone
     assert unit.check(10, timed=False, boundary=True) == (True, False)  # a save or an epoch's end
+
+
+# --- Ctrl-C ----------------------------------------------------------------------------------
+def test_ctrl_c_becomes_a_request_to_stop_and_a_second_one_interrupts_at_once(ctrl_c):
+    before = signal.getsignal(signal.SIGINT)
+    with preemption.PreemptionWatcher() as watcher:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:  # a failure of this test, not the end of the test session
+            pytest.fail("the first Ctrl-C interrupted at once")
+        assert watcher.requested and watcher.interrupted and watcher.signal_name == "SIGINT"
+        assert signal.getsignal(signal.SIGINT) is before  # the previous handler answers the next one
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_after_a_preemption_signal_interrupts_at_once(ctrl_c):
+    with preemption.PreemptionWatcher() as watcher:
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert watcher.signal_name == "SIGTERM" and not watcher.interrupted
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with preemption.PreemptionWatcher() as watcher:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not watcher.requested
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("saved, complete, expected", [
+    (True, False, "interrupted by SIGINT at step 7, saved there: running again resumes at that step"),
+    (False, False, "interrupted by SIGINT at step 7, not saved (no checkpoint_dir)"),
+    (True, True, "interrupted by SIGINT after the run completed at step 7"),
+])
+def test_interrupted_is_a_keyboard_interrupt_that_says_where_training_stopped(saved, complete, expected):
+    error = preemption.Interrupted(7, saved=saved, complete=complete)
+    assert isinstance(error, KeyboardInterrupt) and str(error) == expected and error.step == 7
+
+
+def _builder(keras_name: str):
+    """BatchNormalization, Dropout and a decaying learning rate: the state an exact resume must carry."""
+    def make():
+        keras = __import__(keras_name)
+        layers = keras.layers
+        model = keras.Sequential([
+            keras.Input((8, 8, 1)), layers.GaussianNoise(0.1), layers.Flatten(), layers.Dense(32),
+            layers.BatchNormalization(), layers.Activation("relu"), layers.Dropout(0.2), layers.Dense(10),
+        ])
+        schedule = keras.optimizers.schedules.CosineDecay(0.05, decay_steps=33)
+        model.compile(keras.optimizers.Adam(schedule), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
+    return make
+
+
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_ctrl_c_mid_epoch_saves_that_step_and_the_next_fit_ends_bit_identical(tmp_path, monkeypatch, ctrl_c,
+                                                                             keras_name):
+    import tfdist
+    from tfdist.checkpoint import layout
+
+    from conftest import assert_bit_identical, checkpoint_tensors
+
+    def fit(directory):  # saves only at epoch ends (11 steps each): Ctrl-C at step 7 would lose 7 steps
+        return tfdist.fit(_builder(keras_name), "digits", epochs=3, batch_size=128, seed=5, deterministic=True,
+                          strategy="one_device", checkpoint_dir=str(directory), verbose=0)
+
+    reference = fit(tmp_path / "ref")
+    monkeypatch.setenv("TFDIST_FAULT", "int_at_step:7")
+    with pytest.raises(KeyboardInterrupt, match="at step 7, saved there") as info:
+        fit(tmp_path / "int")
+    assert isinstance(info.value, tfdist.Interrupted) and info.value.step == 7 and layout.latest_metadata(str(tmp_path / "int")).global_step == 7
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    monkeypatch.delenv("TFDIST_FAULT")
+    resumed = fit(tmp_path / "int")
+    assert resumed.tfdist.start_step == 7 and resumed.history == reference.history
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))

@@ -73,7 +73,8 @@ def register(subparsers) -> None:
         description="Trains a built-in model with tfdist.fit under the strategy the cluster calls for. "
         "Run the same command on every task of a cluster (tfdist launch does it). Checkpoints go to "
         "OUTPUT_DIR/checkpoints; running the same command again resumes at the exact step. "
-        "Exit codes: 0 done, 2 bad input, 75 preempted (saved; restart to resume), 76 a peer was lost.",
+        "Exit codes: 0 done, 2 bad input, 75 preempted (saved; restart to resume), 76 a peer was lost, "
+        "130 Ctrl-C (the step it came in is saved; run again to resume).",
     )
     model = parser.add_argument_group("model and data")
     model.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS), help=f"built-in model (default {DEFAULT_MODEL})")

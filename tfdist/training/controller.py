@@ -127,6 +127,7 @@ class Controller:
         self.faults.fire("kill_at_step", step)
         self.faults.fire("term_at_step", step)
         self.faults.fire("stop_at_step", step)
+        self.faults.fire("int_at_step", step)
         end_of_epoch = step % self.steps_per_epoch == 0
         by_steps = by_time = False
         if self.save_policy is not None and not end_of_epoch:  # an epoch's last step is saved at epoch end
@@ -178,7 +179,7 @@ class Controller:
     def _stop_preempted(self, step: int) -> None:
         if self.checkpointer is not None:
             self.checkpointer.sync()
-        self.preemption.stop(step)
+        self.preemption.stop(step, saved=self.checkpointer is not None)
 
 
 def _is_scalar(value: Any) -> bool:

@@ -9,6 +9,7 @@ list of ``[ROLE:INDEX/]EVENT:STEP`` items:
 * ``term_at_step:N``     SIGTERM to itself after step N: the preemption path.
 * ``stop_at_step:N``     SIGSTOP to itself after step N: a frozen task (a paused VM, a pod cut
                          off), which goes on where it stopped when it receives SIGCONT.
+* ``int_at_step:N``      SIGINT to itself after step N: Ctrl-C.
 
 With a ``ROLE:INDEX/`` prefix only that task fires. Faults fire only on the first run of a
 cluster (``TFDIST_RESTART`` unset or 0), so that a restarted job runs to the end.
@@ -27,7 +28,7 @@ from tfdist.errors import ClusterConfigError
 log = logging.getLogger("tfdist")
 
 EVENTS = {"kill_at_step": signal.SIGKILL, "kill_after_save": signal.SIGKILL, "term_at_step": signal.SIGTERM,
-          "stop_at_step": signal.SIGSTOP}
+          "stop_at_step": signal.SIGSTOP, "int_at_step": signal.SIGINT}
 
 
 def parse(raw: str | None, *, task_name: str) -> dict[tuple[str, int], int]:

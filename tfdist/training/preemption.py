@@ -1,9 +1,15 @@
-"""Preemption: SIGTERM and SIGUSR1 become a request to save at the current step and exit.
+"""Preemption: SIGTERM and SIGUSR1 become a request to save at the current step and exit;
+Ctrl-C (SIGINT) a request to save there and stop.
 
 Slurm sends SIGUSR1 (with ``--signal=USR1@GRACE``) before a time limit; Kubernetes and
 most schedulers send SIGTERM and wait a grace period before SIGKILL. The handler only
 sets a flag; the training callback saves at the end of the current step and the process
 exits with ``tfdist.env.EXIT_PREEMPTED`` (75), which tells ``tfdist launch`` to restart.
+
+Ctrl-C in a terminal, or a notebook's interrupt, is answered the same way, except that
+``fit`` then raises :class:`Interrupted` (a ``KeyboardInterrupt``): nothing trained since
+the last save is lost, and the next ``fit`` resumes at that step. The first Ctrl-C puts
+the previous handler back, so a second one interrupts at once, as Python's own does.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ import time
 log = logging.getLogger("tfdist")
 
 SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s is not None)
+"""The preemption signals: save, then exit with ``EXIT_PREEMPTED``."""
+INTERRUPT = signal.SIGINT
+INTERRUPT_NAME = "SIGINT"
 
 
 class Preempted(Exception):
@@ -25,6 +34,22 @@ class Preempted(Exception):
         super().__init__(f"preempted by {signal_name}: saved at step {step}")
         self.step = step
         self.signal_name = signal_name
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised by ``fit`` when Ctrl-C (SIGINT) stopped it at a step boundary, after that step
+    was saved; a ``KeyboardInterrupt``, so whatever stops on Ctrl-C stops on it."""
+
+    def __init__(self, step: int, *, saved: bool, complete: bool = False):
+        if complete:
+            what = f"after the run completed at step {step}"
+        elif saved:
+            what = f"at step {step}, saved there: running again resumes at that step"
+        else:
+            what = f"at step {step}, not saved (no checkpoint_dir)"
+        super().__init__(f"interrupted by {INTERRUPT_NAME} {what}")
+        self.step = step
+        self.saved = saved
 
 
 class PreemptionWatcher:
@@ -40,6 +65,11 @@ class PreemptionWatcher:
     def requested(self) -> bool:
         return self._event.is_set()
 
+    @property
+    def interrupted(self) -> bool:
+        """Whether the request is Ctrl-C's (stop) rather than a preemption's (exit to be restarted)."""
+        return self.signal_name == INTERRUPT_NAME
+
     def _handle(self, signum, frame):
         if not self._event.is_set():
             self.signal_name = signal.Signals(signum).name
@@ -47,10 +77,22 @@ class PreemptionWatcher:
             log.warning("%s received: saving at the end of the current step, then exiting", self.signal_name)
         self._event.set()
 
+    def _handle_interrupt(self, signum, frame):
+        signal.signal(INTERRUPT, self._previous.pop(INTERRUPT))  # a second Ctrl-C interrupts at once
+        if self._event.is_set():  # already stopping: Ctrl-C asks for it now
+            raise KeyboardInterrupt
+        self.signal_name = INTERRUPT_NAME
+        self.received_at = time.monotonic()
+        log.warning("Ctrl-C (SIGINT): saving at the end of the current step, then stopping; press Ctrl-C again to "
+                    "stop at once (losing the steps since the last save)")
+        self._event.set()
+
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            if signal.getsignal(INTERRUPT) is not signal.SIG_IGN:  # an ignored Ctrl-C stays ignored
+                self._previous[INTERRUPT] = signal.signal(INTERRUPT, self._handle_interrupt)
         else:
             log.warning("tfdist.fit runs outside the main thread: SIGTERM/SIGUSR1 cannot be caught for preemption")
         return self
@@ -167,6 +209,9 @@ class Preemption:
         preempt, timed = self.agreement.agree(step, [preempt, timed])
         return preempt, timed
 
-    def stop(self, step: int) -> None:
-        """Raises Preempted (call it after the state of ``step`` is saved)."""
+    def stop(self, step: int, *, saved: bool) -> None:
+        """Raises Preempted, or Interrupted for Ctrl-C (call it after the state of ``step`` is
+        saved; ``saved``: whether there is a checkpoint to resume from)."""
+        if self.watcher.interrupted:
+            raise Interrupted(step, saved=saved)
         raise Preempted(step, self.watcher.signal_name or "another worker's signal")

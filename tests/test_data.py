@@ -250,3 +250,35 @@ def test_a_stream_warns_of_its_costs_and_names_the_file_source(caplog):
     first = stream.fingerprint()
     changed = data.StreamSource(tf.data.Dataset.from_tensor_slices((np.zeros((20, 2)), np.arange(20) % 7)))
     assert changed.fingerprint() != first  # more than the first element is hashed
+
+
+class _OnePipeline:
+    """A strategy whose one input pipeline feeds every replica (as mirrored's does)."""
+
+    @staticmethod
+    def distribute_datasets_from_function(make):
+        return make(None)
+
+
+def _stateful_ops_in_functions(ds) -> set:
+    from tensorflow.core.framework import graph_pb2
+    from tensorflow.python.framework import op_def_registry
+
+    graph = graph_pb2.GraphDef.FromString(ds._as_serialized_graph().numpy())
+    ops = {node.op for function in graph.library.function for node in function.node_def}
+    return {op for op in ops if op_def_registry.get(op) is not None and op_def_registry.get(op).is_stateful}
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_validation_gives_each_replica_its_part_and_runs_no_stateful_op(replicas):
+    # A stateful op in a dataset function (Dataset.from_tensors in a flat_map did it) makes
+    # tf.data's determinism rewrite turn the pipeline sequential under deterministic=True.
+    sizes = data.BatchSizes.resolve(num_replicas=replicas, per_replica_batch_size=8)
+    ds, steps = data.validation_input(_source(n=30), sizes, strategy=_OnePipeline())
+    assert _stateful_ops_in_functions(ds) == set()
+    labels = _labels(ds)
+    assert len(labels) == steps * replicas
+    bounds = [r * 30 // replicas for r in range(replicas + 1)]
+    for r in range(replicas):  # element s * replicas + r: replica r's s-th batch of its contiguous part
+        mine = [y for batch in labels[r::replicas] for y in batch]
+        assert mine == list(range(bounds[r], bounds[r + 1]))

@@ -326,7 +326,7 @@ def validation_input(source: Source, sizes: BatchSizes, *, strategy, parameter_s
         first = part.pipeline_id * part.local_replicas
         per_replica = [_replica_batches(source, bounds[r], bounds[r + 1], micro, steps)
                        for r in range(first, first + part.local_replicas)]
-        ds = tf.data.Dataset.zip(tuple(per_replica)).flat_map(lambda *batches: _interleave(batches))
+        ds = _interleave(per_replica, steps)
         if isinstance(source, TFRecordSource):
             ds = ds.map(source._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         else:
@@ -336,14 +336,19 @@ def validation_input(source: Source, sizes: BatchSizes, *, strategy, parameter_s
     return strategy.distribute_datasets_from_function(make), steps
 
 
-def _interleave(batches) -> "tf.data.Dataset":
-    """One element per local replica, in replica order."""
+def _interleave(per_replica: list, steps: int) -> "tf.data.Dataset":
+    """Step by step, one element of each replica's dataset, in replica order.
+
+    ``choose_from_datasets`` runs no function: a ``Dataset.from_tensors`` inside a ``flat_map``
+    would count as a stateful op to tf.data's determinism rewrite, which then makes the whole
+    pipeline sequential under ``deterministic=True`` (its parallel map and its prefetch) and
+    logs a C++ error line ("NodeDef mentions attribute use_unbounded_threadpool")."""
     import tensorflow as tf
 
-    ds = tf.data.Dataset.from_tensors(batches[0])
-    for b in batches[1:]:
-        ds = ds.concatenate(tf.data.Dataset.from_tensors(b))
-    return ds
+    if len(per_replica) == 1:
+        return per_replica[0]
+    choice = tf.data.Dataset.range(len(per_replica)).repeat(steps)
+    return tf.data.Dataset.choose_from_datasets(per_replica, choice, stop_on_empty_dataset=True)
 
 
 def _replica_batches(source: Source, begin: int, end: int, micro: int, steps: int) -> "tf.data.Dataset":

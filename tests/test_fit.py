@@ -182,3 +182,23 @@ def test_the_training_dataset_is_endless_to_tensorflow_and_a_read_past_its_end_f
     assert [int(next(iterator)) for _ in range(3)] == [0, 1, 2]
     with pytest.raises(tf.errors.FailedPreconditionError, match="infinite"):
         next(iterator)
+
+
+@pytest.mark.parametrize("error, expected", [
+    (KeyboardInterrupt(), "when Ctrl-C stopped training was not completed and is not used; the next run resumes "
+                          "from the last complete one"),
+    (RuntimeError("bad batch"), "when training failed was not completed: CheckpointIOError: disk full"),
+])
+def test_a_save_cut_short_by_the_error_that_ended_training_is_reported_for_what_it_is(caplog, error, expected):
+    import logging
+
+    from tfdist.errors import CheckpointIOError
+    from tfdist.training import run
+
+    class Cut:
+        def close(self):
+            raise CheckpointIOError("disk full")
+
+    with caplog.at_level(logging.WARNING, logger="tfdist"):
+        run._finish_saves(Cut(), error)
+    assert [r.getMessage() for r in caplog.records] == [f"the checkpoint being written {expected}"]

@@ -458,9 +458,9 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
                 "(tfdist launch does it); the run resumes from its last checkpoint."
             ) from e
         raise
-    except BaseException:  # a failing callback, Ctrl-C, bad data: the save in flight is finished first
+    except BaseException as e:  # a failing callback, Ctrl-C, bad data: the save in flight is finished first
         if checkpointer is not None:
-            _finish_saves(checkpointer)
+            _finish_saves(checkpointer, e)
         raise
     if checkpointer is not None:
         checkpointer.close()
@@ -469,13 +469,17 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
     return history
 
 
-def _finish_saves(checkpointer: Checkpointer) -> None:
+def _finish_saves(checkpointer: Checkpointer, error: BaseException) -> None:
     """Lets a background save finish after training failed, so that the next ``fit`` in this
     process finds it; a failure of its own is logged, not raised over the training's error."""
     try:
         checkpointer.close()
     except Exception as e:  # noqa: BLE001 -- the training's error is the one to report
-        log.warning("the checkpoint being written when training failed was not completed: %s", describe(e))
+        if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C cut the save short: no disk or permission fault
+            log.warning("the checkpoint being written when Ctrl-C stopped training was not completed and is not "
+                        "used; the next run resumes from the last complete one")
+        else:
+            log.warning("the checkpoint being written when training failed was not completed: %s", describe(e))
 
 
 __all__ = ["fit", "FitSummary"]

@@ -111,8 +111,8 @@ def test_an_ignored_ctrl_c_stays_ignored():
     (True, True, "interrupted by SIGINT after the run completed at step 7"),
 ])
 def test_interrupted_is_a_keyboard_interrupt_that_says_where_training_stopped(saved, complete, expected):
-    error = preemption.Interrupted(7, saved=saved, complete=complete)
-    assert isinstance(error, KeyboardInterrupt) and str(error) == expected and error.step == 7
+    error = preemption.interrupted(7, saved=saved, complete=complete)
+    assert type(error) is KeyboardInterrupt and str(error) == expected and (error.step, error.saved) == (7, saved)
 
 
 def _builder(keras_name: str):
@@ -148,9 +148,31 @@ def test_ctrl_c_mid_epoch_saves_that_step_and_the_next_fit_ends_bit_identical(tm
     monkeypatch.setenv("TFDIST_FAULT", "int_at_step:7")
     with pytest.raises(KeyboardInterrupt, match="at step 7, saved there") as info:
         fit(tmp_path / "int")
-    assert isinstance(info.value, tfdist.Interrupted) and info.value.step == 7 and layout.latest_metadata(str(tmp_path / "int")).global_step == 7
+    assert type(info.value) is KeyboardInterrupt and info.value.step == 7 and layout.latest_metadata(str(tmp_path / "int")).global_step == 7
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     monkeypatch.delenv("TFDIST_FAULT")
     resumed = fit(tmp_path / "int")
     assert resumed.tfdist.start_step == 7 and resumed.history == reference.history
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+
+
+@pytest.mark.timeout(300)
+def test_a_script_stopped_by_ctrl_c_in_fit_exits_as_pythons_own_ctrl_c_does(procs, ctrl_c, tmp_path):
+    # By SIGINT (130 in a shell, which stops a shell loop), not with status 1 as if it had handled it.
+    import sys
+    import textwrap
+
+    from tfdist.checkpoint import layout
+
+    from conftest import base_env
+
+    script = textwrap.dedent(f"""
+        import tfdist
+        from tfdist.models import builder
+        tfdist.fit(builder("linear", input_shape=(8, 8, 1), num_classes=10), "digits", epochs=2, batch_size=32,
+                   seed=1, strategy="one_device", checkpoint_dir={str(tmp_path)!r}, verbose=0)
+    """)
+    code, out = procs.run([sys.executable, "-c", script], timeout=240, env=base_env(TFDIST_FAULT="int_at_step:3"))
+    assert code == -signal.SIGINT, out[-3000:]
+    assert "KeyboardInterrupt: interrupted by SIGINT at step 3, saved there" in out
+    assert layout.latest_metadata(str(tmp_path)).global_step == 3

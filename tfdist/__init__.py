@@ -36,7 +36,6 @@ _LAZY = {
     "plan": "tfdist.planning",
     "Plan": "tfdist.planning",
     "TFRecordSource": "tfdist.data.files",
-    "Interrupted": "tfdist.training.preemption",
 }
 
 __all__ = [
@@ -49,7 +48,6 @@ __all__ = [
     "plan",
     "Plan",
     "TFRecordSource",
-    "Interrupted",
     "TfdistError",
     "ClusterConfigError",
     "StrategyError",
@@ -72,7 +70,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import detect as detect_cluster
     from tfdist.data.files import TFRecordSource
     from tfdist.training import fit
-    from tfdist.training.preemption import Interrupted
     from tfdist.planning import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu
 

@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TfdistError as e:  # one line, no traceback; 2 for bad input (see tfdist.errors)
         sys.stderr.write(f"tfdist: error: {e}\n")
         return e.exit_code
-    except KeyboardInterrupt as e:  # tfdist.Interrupted says where training stopped and what was saved
+    except KeyboardInterrupt as e:  # fit's says where training stopped and what was saved
         sys.stderr.write(f"tfdist: {e}\n" if str(e) else "tfdist: interrupted\n")
         return 130
 

@@ -7,7 +7,7 @@ sets a flag; the training callback saves at the end of the current step and the 
 exits with ``tfdist.env.EXIT_PREEMPTED`` (75), which tells ``tfdist launch`` to restart.
 
 Ctrl-C in a terminal, or a notebook's interrupt, is answered the same way, except that
-``fit`` then raises :class:`Interrupted` (a ``KeyboardInterrupt``): nothing trained since
+``fit`` then raises the ``KeyboardInterrupt`` of :func:`interrupted`: nothing trained since
 the last save is lost, and the next ``fit`` resumes at that step. The first Ctrl-C puts
 the previous handler back, so a second one interrupts at once, as Python's own does.
 """
@@ -36,20 +36,23 @@ class Preempted(Exception):
         self.signal_name = signal_name
 
 
-class Interrupted(KeyboardInterrupt):
-    """Raised by ``fit`` when Ctrl-C (SIGINT) stopped it at a step boundary, after that step
-    was saved; a ``KeyboardInterrupt``, so whatever stops on Ctrl-C stops on it."""
+def interrupted(step: int, *, saved: bool, complete: bool = False) -> KeyboardInterrupt:
+    """What ``fit`` raises when Ctrl-C (SIGINT) stopped it at a step boundary, after that step
+    was saved: a ``KeyboardInterrupt`` whose message says where, with ``step`` (the global step
+    it stopped after) and ``saved`` as attributes.
 
-    def __init__(self, step: int, *, saved: bool, complete: bool = False):
-        if complete:
-            what = f"after the run completed at step {step}"
-        elif saved:
-            what = f"at step {step}, saved there: running again resumes at that step"
-        else:
-            what = f"at step {step}, not saved (no checkpoint_dir)"
-        super().__init__(f"interrupted by {INTERRUPT_NAME} {what}")
-        self.step = step
-        self.saved = saved
+    Its type is exactly ``KeyboardInterrupt``, not a subclass: Python exits by SIGINT (status
+    130 in a shell, which stops a shell loop) only for an uncaught ``KeyboardInterrupt`` itself;
+    a subclass would exit with 1, as if the program had handled the Ctrl-C."""
+    if complete:
+        what = f"after the run completed at step {step}"
+    elif saved:
+        what = f"at step {step}, saved there: running again resumes at that step"
+    else:
+        what = f"at step {step}, not saved (no checkpoint_dir)"
+    error = KeyboardInterrupt(f"interrupted by {INTERRUPT_NAME} {what}")
+    error.step, error.saved = step, saved
+    return error
 
 
 class PreemptionWatcher:
@@ -210,8 +213,8 @@ class Preemption:
         return preempt, timed
 
     def stop(self, step: int, *, saved: bool) -> None:
-        """Raises Preempted, or Interrupted for Ctrl-C (call it after the state of ``step`` is
-        saved; ``saved``: whether there is a checkpoint to resume from)."""
+        """Raises Preempted, or for Ctrl-C a KeyboardInterrupt (call it after the state of ``step``
+        is saved; ``saved``: whether there is a checkpoint to resume from)."""
         if self.watcher.interrupted:
-            raise Interrupted(step, saved=saved)
+            raise interrupted(step, saved=saved)
         raise Preempted(step, self.watcher.signal_name or "another worker's signal")

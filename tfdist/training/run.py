@@ -32,7 +32,7 @@ from tfdist.training import model as model_mod
 from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
 from tfdist.training.faults import Faults
-from tfdist.training.preemption import Agreement, Interrupted, Preempted, Preemption, PreemptionWatcher
+from tfdist.training.preemption import Agreement, Preempted, Preemption, PreemptionWatcher, interrupted
 from tfdist.training.summary import FitSummary, summarize
 
 log = logging.getLogger("tfdist")
@@ -433,7 +433,7 @@ def _peer_errors():
 def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape, train_data, val_data,
          validation_steps, *, callbacks, verbose, checkpointer):
     """Runs the adapter's loop (Keras' fit, or tfdist's own for Keras 3) from the controller's
-    start; a preemption exits with EXIT_PREEMPTED, Ctrl-C raises Interrupted once the step it
+    start; a preemption exits with EXIT_PREEMPTED, Ctrl-C raises KeyboardInterrupt once the step it
     came in is saved, a lost peer raises PeerUnavailableError.
     Returns Keras' History (None if there was nothing to run)."""
     plan = shape.plan
@@ -465,7 +465,7 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
     if checkpointer is not None:
         checkpointer.close()
     if controller.preemption.watcher.interrupted:  # Ctrl-C came too late to stop before the end
-        raise Interrupted(controller.global_step, saved=checkpointer is not None, complete=True)
+        raise interrupted(controller.global_step, saved=checkpointer is not None, complete=True)
     return history
 
 

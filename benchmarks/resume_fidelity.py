@@ -4,18 +4,22 @@ Keras' own ``BackupAndRestore`` (Keras 3 and tf_keras), side by side in one run.
 Every tool trains the same model (tfdist's built-in residual CNN: input noise, BatchNormalization,
 Dropout; SGD with momentum) on the bundled digits, with the same seed and op determinism, in three fresh processes: a run
 never interrupted, a run SIGKILLed after global batch ``--kill-at`` (mid-epoch), and the same
-command again, which resumes. Both save every 5 steps. Two scenarios:
+command again, which resumes. Both save every 5 steps. Three scenarios:
 
 * ``plain``: no callbacks besides the saving one;
 * ``callbacks``: ``ReduceLROnPlateau`` and ``EarlyStopping(restore_best_weights=True)``,
-  whose patience counters live in Python.
+  whose patience counters live in Python;
+* ``ctrl-c``: as ``plain``, but the run is stopped by Ctrl-C (SIGINT, a terminal's or a
+  notebook's interrupt) instead of SIGKILL, and each tool saves as it does by default: at
+  epoch ends (tfdist's default; ``BackupAndRestore(save_freq="epoch")``, Keras' default).
 
 Reported per tool and scenario: whether the final weights are bit-identical to the run never
 interrupted (and the largest difference), the epochs each ran, the final learning rate, and
 the batches trained in all (a tool that restarts the epoch trains some twice).
 
-    python benchmarks/resume_fidelity.py           # ~3 min
-    python benchmarks/resume_fidelity.py --quick   # tfdist, plain scenario only (< 60 s)
+    python benchmarks/resume_fidelity.py                       # ~5 min
+    python benchmarks/resume_fidelity.py --scenarios ctrl-c    # one scenario (~2 min)
+    python benchmarks/resume_fidelity.py --quick               # tfdist, plain scenario only (< 60 s)
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ TOOLS = {
     "Keras 3 BackupAndRestore": ("keras_bar", "keras"),
     "tf_keras BackupAndRestore": ("keras_bar", "tf_keras"),
 }
-SCENARIOS = ("plain", "callbacks")
+SCENARIOS = ("plain", "callbacks", "ctrl-c")
 EPOCHS, BATCH, SAVE_EVERY = 6, 128, 5
 
 
@@ -68,6 +72,11 @@ def _build(keras_name: str):
     return make
 
 
+def _signal(scenario: str) -> signal.Signals:
+    """How the interrupted run of ``scenario`` is stopped."""
+    return signal.SIGINT if scenario == "ctrl-c" else signal.SIGKILL
+
+
 def _callbacks(keras, scenario: str, kill_at: int | None) -> tuple[list, object]:
     """(the scenario's callbacks, the batch counter); the killer comes last."""
 
@@ -77,7 +86,7 @@ def _callbacks(keras, scenario: str, kill_at: int | None) -> tuple[list, object]
         def on_train_batch_end(self, batch, logs=None):
             Counter.batches += 1
             if kill_at is not None and Counter.batches == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), _signal(scenario))
 
     cbs = []
     if scenario == "callbacks":
@@ -95,18 +104,20 @@ def child(spec: dict) -> None:
     (x, y), validation = _data()
     cbs, counter = _callbacks(keras, spec["scenario"], spec.get("kill_at"))
     directory = spec["dir"]
+    every = None if spec["scenario"] == "ctrl-c" else SAVE_EVERY  # None: each tool's default, at epoch ends
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if this benchmark runs under nohup
     if spec["tool"] == "tfdist":
         import tfdist
 
         history = tfdist.fit(_build(spec["keras"]), (x, y), validation_data=validation, epochs=EPOCHS, batch_size=BATCH,
                              seed=0, deterministic=True, strategy="one_device", verbose=0,
-                             checkpoint_dir=os.path.join(directory, "ckpt"), save_every_steps=SAVE_EVERY,
+                             checkpoint_dir=os.path.join(directory, "ckpt"), save_every_steps=every,
                              callbacks=[*cbs, counter()])
     else:
         keras.utils.set_random_seed(0)
         tf.config.experimental.enable_op_determinism()
         model = _build(spec["keras"])()
-        backup = keras.callbacks.BackupAndRestore(os.path.join(directory, "backup"), save_freq=SAVE_EVERY)
+        backup = keras.callbacks.BackupAndRestore(os.path.join(directory, "backup"), save_freq=every or "epoch")
         history = model.fit(x, y, validation_data=validation, epochs=EPOCHS, batch_size=BATCH, shuffle=True,
                             verbose=0, callbacks=[*cbs, backup, counter()])
     model = history.model
@@ -120,12 +131,14 @@ def child(spec: dict) -> None:
 
 # --- the parent --------------------------------------------------------------------------------
 def _killed(spec: dict) -> int:
-    """Runs a child that SIGKILLs itself; returns the batches it had trained (its kill point)."""
+    """Runs a child that SIGKILLs itself (or sends itself SIGINT, which ends it with an uncaught
+    KeyboardInterrupt: Python then exits by SIGINT); returns the batches it had trained (its kill point)."""
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
                           timeout=600, env=_common.child_env(), cwd=_common.REPO)
-    if proc.returncode != -signal.SIGKILL:
+    expected = _signal(spec["scenario"])
+    if proc.returncode != -expected:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-        raise RuntimeError(f"the interrupted run {spec} ended with {proc.returncode}, not SIGKILL")
+        raise RuntimeError(f"the interrupted run {spec} ended with {proc.returncode}, not {expected.name}")
     return spec["kill_at"]
 
 
@@ -160,13 +173,14 @@ def compare(tool: str, scenario: str, kill_at: int, root: str) -> dict:
 def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--kill-at", type=int, default=27, help="the global batch after which the run is killed (default 27)")
+    p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="(default: all)")
     args = p.parse_args()
     if args.child:
         child(json.loads(args.child))
         return
     info = _common.machine()
     tools = ["tfdist (Keras 3)"] if args.quick else list(TOOLS)
-    scenarios = ["plain"] if args.quick else list(SCENARIOS)
+    scenarios = ["plain"] if args.quick else args.scenarios
     results = []
     with tempfile.TemporaryDirectory(prefix="tfdist-fidelity-") as tmp:
         for scenario in scenarios:
@@ -186,7 +200,8 @@ def main() -> None:
         header=("Scenario", "Tool", "Final weights bit-identical", "Largest weight difference", "Epochs run (never interrupted → resumed)",
                 "Final learning rate", "Batches trained (never interrupted → both processes)"),
         notes=[f"SIGKILL after global batch {args.kill_at}; saves every {SAVE_EVERY} steps; {EPOCHS} epochs of "
-               f"batch {BATCH} on 1440 digits (tfdist drops the last partial batch: 11 steps an epoch, Keras 12)."],
+               f"batch {BATCH} on 1440 digits (tfdist drops the last partial batch: 11 steps an epoch, Keras 12).",
+               f"ctrl-c: SIGINT after global batch {args.kill_at}; saves at epoch ends only (each tool's default)."],
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 
@@ -86,6 +87,9 @@ class PreemptionWatcher:
             raise KeyboardInterrupt
         self.signal_name = INTERRUPT_NAME
         self.received_at = time.monotonic()
+        if sys.stdout.isatty():  # end the progress bar's line, which Keras rewrites in place
+            sys.stdout.write("\n")
+            sys.stdout.flush()
         log.warning("Ctrl-C (SIGINT): saving at the end of the current step, then stopping; press Ctrl-C again to "
                     "stop at once (losing the steps since the last save)")
         self._event.set()

@@ -115,6 +115,34 @@ def test_interrupted_is_a_keyboard_interrupt_that_says_where_training_stopped(sa
     assert type(error) is KeyboardInterrupt and str(error) == expected and (error.step, error.saved) == (7, saved)
 
 
+@pytest.mark.parametrize("mine, theirs, stops_as", [
+    ("SIGINT", None, "mine"),          # my Ctrl-C: every worker stops; I say so
+    (None, "SIGINT", "elsewhere"),     # another worker's Ctrl-C: I stop as Ctrl-C too
+    ("SIGINT", "SIGTERM", "preempted"),  # a preemption anywhere wins: the job is to be restarted
+    (None, "SIGTERM", "preempted"),
+])
+def test_every_worker_stops_as_the_signal_the_workers_agreed_on(monkeypatch, ctrl_c, mine, theirs, stops_as):
+    import tfdist
+
+    # The other worker's flags, [preempted, interrupted, timed, chief's proposal], added in the all-reduce.
+    other = [int(theirs == "SIGTERM"), int(theirs == "SIGINT"), 0, 0]
+    monkeypatch.setattr(preemption, "sum_over_workers", lambda strategy, values: [a + b for a, b in zip(values, other)])
+    agreement = preemption.Agreement(tfdist.make_strategy("one_device"), is_chief=True)
+    unit = preemption.Preemption(watcher=preemption.PreemptionWatcher(), agreement=agreement)
+    with unit.watcher:
+        if mine:
+            os.kill(os.getpid(), getattr(signal, mine))
+        assert unit.check(3, timed=False, boundary=True) == (True, False)
+        with pytest.raises((preemption.Preempted, KeyboardInterrupt)) as info:  # either: a failure, not the session's end
+            unit.stop(3, saved=True)
+    if stops_as == "preempted":
+        assert type(info.value) is preemption.Preempted
+    else:
+        where = " on another worker" if stops_as == "elsewhere" else ""
+        assert type(info.value) is KeyboardInterrupt
+        assert str(info.value) == f"interrupted by SIGINT{where} at step 3, saved there: running again resumes at that step"
+
+
 def _builder(keras_name: str):
     """BatchNormalization, Dropout and a decaying learning rate: the state an exact resume must carry."""
     def make():

@@ -37,21 +37,22 @@ class Preempted(Exception):
         self.signal_name = signal_name
 
 
-def interrupted(step: int, *, saved: bool, complete: bool = False) -> KeyboardInterrupt:
+def interrupted(step: int, *, saved: bool, complete: bool = False, elsewhere: bool = False) -> KeyboardInterrupt:
     """What ``fit`` raises when Ctrl-C (SIGINT) stopped it at a step boundary, after that step
     was saved: a ``KeyboardInterrupt`` whose message says where, with ``step`` (the global step
     it stopped after) and ``saved`` as attributes.
 
     Its type is exactly ``KeyboardInterrupt``, not a subclass: Python exits by SIGINT (status
     130 in a shell, which stops a shell loop) only for an uncaught ``KeyboardInterrupt`` itself;
-    a subclass would exit with 1, as if the program had handled the Ctrl-C."""
+    a subclass would exit with 1, as if the program had handled the Ctrl-C. ``elsewhere``:
+    the Ctrl-C reached another worker of the job."""
     if complete:
         what = f"after the run completed at step {step}"
     elif saved:
         what = f"at step {step}, saved there: running again resumes at that step"
     else:
         what = f"at step {step}, not saved (no checkpoint_dir)"
-    error = KeyboardInterrupt(f"interrupted by {INTERRUPT_NAME} {what}")
+    error = KeyboardInterrupt(f"interrupted by {INTERRUPT_NAME}{' on another worker' if elsewhere else ''} {what}")
     error.step, error.saved = step, saved
     return error
 
@@ -193,7 +194,7 @@ class Agreement:
 class Preemption:
     """Answers a preemption request at a step boundary, in the way of Orbit's
     ``save_checkpoint_if_preempted``: decide (together, under multi-worker), then the caller
-    saves, then ``stop`` raises ``Preempted``.
+    saves, then ``stop`` raises ``Preempted`` (``KeyboardInterrupt`` for Ctrl-C).
 
     ``agreement`` is given when several processes run the steps: a save is then a
     collective, so flags that can differ between workers (a signal, a clock) are acted on
@@ -203,22 +204,27 @@ class Preemption:
     def __init__(self, *, watcher: PreemptionWatcher, agreement: Agreement | None = None):
         self.watcher = watcher
         self.agreement = agreement
+        self._agreed_interrupt = False  # the agreement's answer: Ctrl-C somewhere, no preemption anywhere
 
     def check(self, step: int, *, timed: bool, boundary: bool = False) -> tuple[bool, bool]:
-        """(preempt, timed): whether to stop for preemption and whether a timed save is due,
-        as every worker sees it at ``step``. ``boundary``: a step where every worker pauses
+        """(stop, timed): whether to stop (for preemption or Ctrl-C) and whether a timed save is
+        due, as every worker sees it at ``step``. ``boundary``: a step where every worker pauses
         anyway (the same on all of them): the workers agree there too."""
-        preempt = self.watcher.requested
+        requested = self.watcher.requested
         if self.agreement is None:
-            return preempt, timed
+            return requested, timed
         if not (boundary or self.agreement.due(step)):
             return False, False
-        preempt, timed = self.agreement.agree(step, [preempt, timed])
-        return preempt, timed
+        interrupt = requested and self.watcher.interrupted
+        preempt, interrupt, timed = self.agreement.agree(step, [requested and not interrupt, interrupt, timed])
+        # A Ctrl-C on any worker stops every worker as Ctrl-C does, unless one was preempted:
+        # then the job is to be restarted, and every worker exits with EXIT_PREEMPTED.
+        self._agreed_interrupt = interrupt and not preempt
+        return preempt or interrupt, timed
 
     def stop(self, step: int, *, saved: bool) -> None:
         """Raises Preempted, or for Ctrl-C a KeyboardInterrupt (call it after the state of ``step``
         is saved; ``saved``: whether there is a checkpoint to resume from)."""
-        if self.watcher.interrupted:
-            raise interrupted(step, saved=saved)
+        if (self.agreement is None and self.watcher.interrupted) or self._agreed_interrupt:
+            raise interrupted(step, saved=saved, elsewhere=not self.watcher.interrupted)
         raise Preempted(step, self.watcher.signal_name or "another worker's signal")

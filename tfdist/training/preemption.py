@@ -204,7 +204,7 @@ class Preemption:
     def __init__(self, *, watcher: PreemptionWatcher, agreement: Agreement | None = None):
         self.watcher = watcher
         self.agreement = agreement
-        self._agreed_interrupt = False  # the agreement's answer: Ctrl-C somewhere, no preemption anywhere
+        self._as_interrupt = False  # stop as Ctrl-C: one came (anywhere, when agreed) and no preemption
 
     def check(self, step: int, *, timed: bool, boundary: bool = False) -> tuple[bool, bool]:
         """(stop, timed): whether to stop (for preemption or Ctrl-C) and whether a timed save is
@@ -212,6 +212,7 @@ class Preemption:
         anyway (the same on all of them): the workers agree there too."""
         requested = self.watcher.requested
         if self.agreement is None:
+            self._as_interrupt = self.watcher.interrupted
             return requested, timed
         if not (boundary or self.agreement.due(step)):
             return False, False
@@ -219,12 +220,12 @@ class Preemption:
         preempt, interrupt, timed = self.agreement.agree(step, [requested and not interrupt, interrupt, timed])
         # A Ctrl-C on any worker stops every worker as Ctrl-C does, unless one was preempted:
         # then the job is to be restarted, and every worker exits with EXIT_PREEMPTED.
-        self._agreed_interrupt = interrupt and not preempt
+        self._as_interrupt = interrupt and not preempt
         return preempt or interrupt, timed
 
     def stop(self, step: int, *, saved: bool) -> None:
         """Raises Preempted, or for Ctrl-C a KeyboardInterrupt (call it after the state of ``step``
         is saved; ``saved``: whether there is a checkpoint to resume from)."""
-        if (self.agreement is None and self.watcher.interrupted) or self._agreed_interrupt:
+        if self._as_interrupt:
             raise interrupted(step, saved=saved, elsewhere=not self.watcher.interrupted)
         raise Preempted(step, self.watcher.signal_name or "another worker's signal")

@@ -23,6 +23,9 @@ Sources (what ``fit`` accepts as ``data``):
 * ``IndexedSource``  -- a random-access source (``tfds:NAME`` stored as ArrayRecord, through
   ``tfds.data_source``): the arrays' exact global shuffle, each batch read by index through
   ``tf.numpy_function``; synchronous strategies only.
+* ``PyDatasetSource`` -- a Keras ``PyDataset`` (``keras.utils.Sequence``) or tf_keras ``Sequence``:
+  batches read by index through ``tf.numpy_function``; epoch ``e`` visits its whole batches in a
+  permutation seeded by ``(seed, e)``, rows in order (``pydataset``); synchronous strategies only.
 * ``StreamSource``   -- any ``tf.data.Dataset`` of unbatched ``(x, y)`` (or ``(x, y, sample_weight)``):
   the fallback. Every worker reads all of it, resuming replays the epoch up to the position,
   and an unknown length costs a counting pass (a warning says so, and names the file source
@@ -30,7 +33,7 @@ Sources (what ``fit`` accepts as ``data``):
 
 Modules: ``batching`` (BatchSizes; no TensorFlow), ``class_weights`` (Keras' ``class_weight``, applied
 in the pipeline), ``order`` (DataPlan, seeded keys and
-permutations), ``arrays``, ``indexed``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
+permutations), ``arrays``, ``indexed``, ``pydataset``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
 and offset reads), ``stream``, ``tfds``, ``features`` (JSON feature specs), ``pipeline`` (what
 ``fit`` calls), ``loading`` (named data).
 
@@ -47,6 +50,7 @@ from tfdist.data.files import Layout, TFRecordSource
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.loading import as_source, load, load_digits, load_npz, num_classes
 from tfdist.data.order import DataPlan
+from tfdist.data.pydataset import PyDatasetSource
 from tfdist.data.pipeline import dataset_fn, make_plan, steps_per_epoch_for, validation_dataset, validation_input
 from tfdist.data.stream import DEFAULT_SHUFFLE_BUFFER, StreamSource
 
@@ -60,6 +64,7 @@ __all__ = [
     "IndexedSource",
     "Layout",
     "MAX_EMBEDDED_BYTES",
+    "PyDatasetSource",
     "StreamSource",
     "TFRecordSource",
     "as_source",

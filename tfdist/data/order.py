@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # Names the way orders are computed; recorded in checkpoints (``data_order``) and changed with it.
 ORDER_VERSION = "index-shuffle-1"
 # Purposes folded into the keys, so that two uses of one (seed, epoch) never share a stream.
-EXAMPLES, BLOCKS, WINDOWS = 1, 2, 3
+EXAMPLES, BLOCKS, WINDOWS, BATCHES = 1, 2, 3, 4
 _MASK63 = (1 << 63) - 1
 
 
@@ -87,6 +87,18 @@ def example_order(num_examples: int, seed: int, epoch, shuffle: bool, positions)
     if not shuffle:
         return positions
     return permuted(positions, num_examples, key(seed, epoch, EXAMPLES))
+
+
+def batch_order(num_batches: int, batch_size: int, seed: int, epoch, shuffle: bool, positions) -> "tf.Tensor":
+    """The examples at ``positions`` of epoch ``epoch`` when a source is read by whole batches
+    (``PyDatasetSource``): the batches in a seeded permutation, each batch's rows in order."""
+    import tensorflow as tf
+
+    positions = tf.cast(positions, tf.int64)
+    if not shuffle:
+        return positions
+    batches = permuted(positions // batch_size, num_batches, key(seed, epoch, BATCHES))
+    return batches * batch_size + positions % batch_size
 
 
 def epoch_permutation(num_examples: int, seed: int, epoch, shuffle: bool) -> "tf.Tensor":

@@ -13,6 +13,7 @@ from tfdist.data.batching import BatchSizes
 from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import TFRecordSource
 from tfdist.data.order import DataPlan
+from tfdist.data.pydataset import PyDatasetSource
 from tfdist.data.stream import COSTS, StreamSource
 from tfdist.errors import BatchSizeError
 
@@ -21,8 +22,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("tfdist")
 
-Source = Any  # ArraySource | IndexedSource | StreamSource | TFRecordSource
-_INDEXED = (ArraySource, IndexedSource)  # read by index: (seed, epoch)-permutation of all examples
+Source = Any  # ArraySource | IndexedSource | PyDatasetSource | StreamSource | TFRecordSource
+_INDEXED = (ArraySource, IndexedSource, PyDatasetSource)  # read by index, in a (seed, epoch)-order
+
+
+def _trained_examples(source: Source) -> int | None:
+    """The examples an epoch orders: all of them, or a Python dataset's whole batches."""
+    return source.training_examples if isinstance(source, PyDatasetSource) else source.num_examples
+
+
+def _example_order(source: Source, plan: DataPlan, epoch, positions) -> "tf.Tensor":
+    """The examples at ``positions`` of ``epoch``: a permutation of all of them, or of whole batches."""
+    if isinstance(source, PyDatasetSource):
+        return source.example_order(plan.seed, epoch, plan.shuffle, positions)
+    return order_mod.example_order(source.num_examples, plan.seed, epoch, plan.shuffle, positions)
 
 
 def _check_steps(steps_per_epoch) -> None:
@@ -48,7 +61,7 @@ def steps_per_epoch_for(source: Source, sizes: BatchSizes, steps_per_epoch: int 
         available = source.steps_per_epoch(layout, sizes.global_batch_size, parameter_server=parameter_server)
         unit = layout.streams if parameter_server else 1
     else:
-        available, unit = source.num_examples // sizes.global_batch_size, 1
+        available, unit = _trained_examples(source) // sizes.global_batch_size, 1
     available = _whole(available, source, sizes, parameter_server)
     if steps_per_epoch is None:
         return available
@@ -100,7 +113,11 @@ def make_plan(
         log.warning("%s", COSTS)
     spe = steps_per_epoch_for(source, sizes, steps_per_epoch, layout=layout, parameter_server=parameter_server)
     used = spe * sizes.global_batch_size
-    if source.num_examples and used < source.num_examples and steps_per_epoch is None:
+    if isinstance(source, PyDatasetSource) and used < source.num_examples and steps_per_epoch is None:
+        log.info("%d example(s) of %s are left out of every epoch: %s", source.num_examples - used, source.name,
+                 "its last batch is smaller" if source.training_examples == used else
+                 f"its {source.full_batches} batches of {source.batch_size} do not fill whole global batches")
+    elif source.num_examples and used < source.num_examples and steps_per_epoch is None:
         log.info("%d example(s) per epoch do not fill a global batch%s and are left out of that epoch "
                  "(a different set each epoch when shuffling)", source.num_examples - used,
                  f" (per stream: {layout.streams} streams)" if layout is not None else "")
@@ -189,7 +206,7 @@ def _input_part(sizes, input_context, parameter_server: bool) -> tuple[int, int,
     return part.offset, part.length, part.local_replicas, 1, 0
 
 
-def _array_dataset_fn(source: ArraySource | IndexedSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
+def _array_dataset_fn(source: ArraySource | IndexedSource | PyDatasetSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
     import tensorflow as tf
 
     spe, sizes = plan.steps_per_epoch, plan.sizes
@@ -209,7 +226,7 @@ def _array_dataset_fn(source: ArraySource | IndexedSource, plan: DataPlan, *, st
 
             def step_indices(step):
                 positions = step * sizes.global_batch_size + offset + tf.range(length, dtype=tf.int64)
-                examples = order_mod.example_order(source.num_examples, plan.seed, epoch, plan.shuffle, positions)
+                examples = _example_order(source, plan, epoch, positions)
                 return tf.reshape(examples, [local_replicas, per_replica])
 
             return tf.data.Dataset.range(begin, end, stride).map(step_indices)

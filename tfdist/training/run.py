@@ -27,7 +27,7 @@ from tfdist.checkpoint import Checkpointer, CheckpointOptions, ResumePoint, RunM
 from tfdist.checkpoint import layout
 from tfdist.cluster import EVALUATOR, ClusterSpec, detect
 from tfdist.startup import serve
-from tfdist.errors import DataError, ModelError, PeerUnavailableError, describe
+from tfdist.errors import BatchSizeError, DataError, ModelError, PeerUnavailableError, describe
 from tfdist.training import model as model_mod
 from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
@@ -83,8 +83,9 @@ def fit(
         subclassed model of either. Keras 3 models train in tfdist's own loop around their
         ``train_step``; tf_keras models in tf_keras' ``fit``.
       data: ``(x, y)`` NumPy arrays, a ``tfdist.TFRecordSource`` (TFRecord files, each
-        replica reading its own stream), an unbatched ``tf.data.Dataset`` of ``(x, y)``, or a
-        name: ``"digits"``, ``"tfds:NAME"``, or a path to an ``.npz`` with ``x`` and ``y``.
+        replica reading its own stream), a Keras ``PyDataset``/``Sequence`` (whole batches in
+        a seeded order; its batch size is the default global batch), an unbatched
+        ``tf.data.Dataset`` of ``(x, y)``, or a name: ``"digits"``, ``"tfds:NAME"``, or a path to an ``.npz`` with ``x`` and ``y``.
         As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or
         outputs), and a third element ``sample_weight`` weighs each example.
       validation_data: data in any form ``data`` takes, evaluated after every
@@ -93,7 +94,8 @@ def fit(
       class_weight: as in Keras, ``{class number: weight}`` weighs each training example by
         its label's class (classes left out weigh 1; a ``sample_weight`` is multiplied).
       batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
-        batch. Give one; global = grad_accum_steps x replicas x micro batch.
+        batch. Give one (or neither: 32 per replica, or a PyDataset's own batch size);
+        global = grad_accum_steps x replicas x micro batch.
       checkpoint_dir: enables checkpoints (every ``save_every_steps`` steps / every
         ``save_every_seconds`` seconds, at each epoch end and at the end) and, with
         ``resume``, continues from the latest one at the exact step and batch. A local
@@ -235,6 +237,9 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     class_weight = data_mod.ClassWeights.of(class_weight)
     if class_weight is not None:
         class_weight.check_labels(source.sample(1), source_name=getattr(source, "name", "the data"))
+    if batch_size is None and per_replica_batch_size is None and isinstance(source, data_mod.PyDatasetSource):
+        _checks.check_int("grad_accum_steps", grad_accum_steps, error=BatchSizeError)
+        batch_size = _batch_of(source, strat.num_replicas_in_sync * grad_accum_steps)
     sizes = data_mod.BatchSizes.resolve(
         num_replicas=strat.num_replicas_in_sync, batch_size=batch_size,
         per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
@@ -248,6 +253,20 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     validation = data_mod.as_source(validation_data) if validation_data is not None else None
     return _Shape(source=source, validation=validation, sizes=sizes, plan=plan, class_weight=class_weight,
                   validation_freq=validation_freq)
+
+
+def _batch_of(source, divisor: int) -> int:
+    """A Python dataset's own batch size as the global batch (as Keras trains it), if the replicas
+    and accumulation steps divide it."""
+    if source.batch_size % divisor:
+        lower = max(divisor, source.batch_size // divisor * divisor)
+        raise BatchSizeError(
+            f"the batches of {source.name} hold {source.batch_size} examples, which replicas x grad_accum_steps = "
+            f"{divisor} do not divide. Fix: pass batch_size= a multiple of {divisor} (e.g. {lower}; the dataset's "
+            "batches are then joined or split), or give its batches such a size."
+        )
+    log.info("global batch %d: the batch size of %s", source.batch_size, source.name)
+    return source.batch_size
 
 
 def _split_off_validation(source, fraction, *, data, validation_data) -> tuple[Any, Any]:

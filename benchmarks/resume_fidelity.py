@@ -4,11 +4,13 @@ Keras' own ``BackupAndRestore`` (Keras 3 and tf_keras), side by side in one run.
 Every tool trains the same model (tfdist's built-in residual CNN: input noise, BatchNormalization,
 Dropout; SGD with momentum) on the bundled digits, with the same seed and op determinism, in three fresh processes: a run
 never interrupted, a run SIGKILLed after global batch ``--kill-at`` (mid-epoch), and the same
-command again, which resumes. Both save every 5 steps. Three scenarios:
+command again, which resumes. Both save every 5 steps. Four scenarios:
 
 * ``plain``: no callbacks besides the saving one;
 * ``callbacks``: ``ReduceLROnPlateau`` and ``EarlyStopping(restore_best_weights=True)``,
   whose patience counters live in Python;
+* ``pydataset``: as ``plain``, but the data is a Keras ``PyDataset`` (tf_keras: ``Sequence``) of
+  batches of 128 over the same arrays, the form of file-reading data most Keras users write;
 * ``ctrl-c``: as ``plain``, but the run is stopped by Ctrl-C (SIGINT, a terminal's or a
   notebook's interrupt) instead of SIGKILL, and each tool saves as it does by default: at
   epoch ends (tfdist's default; ``BackupAndRestore(save_freq="epoch")``, Keras' default).
@@ -39,7 +41,7 @@ TOOLS = {
     "Keras 3 BackupAndRestore": ("keras_bar", "keras"),
     "tf_keras BackupAndRestore": ("keras_bar", "tf_keras"),
 }
-SCENARIOS = ("plain", "callbacks", "ctrl-c")
+SCENARIOS = ("plain", "callbacks", "pydataset", "ctrl-c")
 EPOCHS, BATCH, SAVE_EVERY = 6, 128, 5
 
 
@@ -72,6 +74,21 @@ def _build(keras_name: str):
     return make
 
 
+def _batches(keras, x, y):
+    """``x``, ``y`` as a Keras PyDataset (Keras 3) or Sequence (tf_keras) of batches of ``BATCH``."""
+    base = keras.utils.PyDataset if hasattr(keras.utils, "PyDataset") else keras.utils.Sequence
+
+    class Batches(base):
+        def __len__(self):
+            return -(-len(x) // BATCH)
+
+        def __getitem__(self, index):
+            part = slice(index * BATCH, (index + 1) * BATCH)
+            return x[part], y[part]
+
+    return Batches()
+
+
 def _signal(scenario: str) -> signal.Signals:
     """How the interrupted run of ``scenario`` is stopped."""
     return signal.SIGINT if scenario == "ctrl-c" else signal.SIGKILL
@@ -102,6 +119,7 @@ def child(spec: dict) -> None:
 
     keras = __import__(spec["keras"])
     (x, y), validation = _data()
+    data = _batches(keras, x, y) if spec["scenario"] == "pydataset" else (x, y)
     cbs, counter = _callbacks(keras, spec["scenario"], spec.get("kill_at"))
     directory = spec["dir"]
     every = None if spec["scenario"] == "ctrl-c" else SAVE_EVERY  # None: each tool's default, at epoch ends
@@ -109,7 +127,7 @@ def child(spec: dict) -> None:
     if spec["tool"] == "tfdist":
         import tfdist
 
-        history = tfdist.fit(_build(spec["keras"]), (x, y), validation_data=validation, epochs=EPOCHS, batch_size=BATCH,
+        history = tfdist.fit(_build(spec["keras"]), data, validation_data=validation, epochs=EPOCHS, batch_size=BATCH,
                              seed=0, deterministic=True, strategy="one_device", verbose=0,
                              checkpoint_dir=os.path.join(directory, "ckpt"), save_every_steps=every,
                              callbacks=[*cbs, counter()])
@@ -118,7 +136,8 @@ def child(spec: dict) -> None:
         tf.config.experimental.enable_op_determinism()
         model = _build(spec["keras"])()
         backup = keras.callbacks.BackupAndRestore(os.path.join(directory, "backup"), save_freq=every or "epoch")
-        history = model.fit(x, y, validation_data=validation, epochs=EPOCHS, batch_size=BATCH, shuffle=True,
+        arrays = {"x": data} if spec["scenario"] == "pydataset" else {"x": x, "y": y, "batch_size": BATCH}
+        history = model.fit(**arrays, validation_data=validation, epochs=EPOCHS, shuffle=True,
                             verbose=0, callbacks=[*cbs, backup, counter()])
     model = history.model
     np.savez(os.path.join(directory, "weights.npz"), *model.get_weights())

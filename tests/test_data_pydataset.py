@@ -147,7 +147,7 @@ def test_dicts_of_inputs_and_sample_weights_come_through():
     np.testing.assert_allclose(weighted, 2 * plain, rtol=1e-5)
 
 
-def test_defects_are_named_with_the_fix(monkeypatch):
+def test_defects_are_named_with_the_fix():
     import keras
 
     class Endless(keras.utils.PyDataset):
@@ -171,14 +171,38 @@ def test_defects_are_named_with_the_fix(monkeypatch):
     with pytest.raises(DataError, match=r"Images\[0\] must return \(x, y\) .*received ndarray.*Fix"):
         PyDatasetSource(Images())
 
-    ragged = batches(batch=16)
-    ragged_source = PyDatasetSource(ragged)
-    monkeypatch.setattr(type(ragged), "__getitem__", lambda self, i: (X[:10], Y[:10]))
-    with pytest.raises(DataError, match=r"\[3\] holds 10 examples, batch 0 holds 16.*Fix"):
-        ragged_source._read(np.array([50]))
-
     with pytest.raises(DataError, match="parameter-server workers cannot run"):
-        ragged_source.gather_fn(embed=True)
+        PyDatasetSource(batches()).gather_fn(embed=True)
+
+
+def test_an_error_raised_while_training_reads_is_raised_by_fit_as_the_datasets_own(tmp_path):
+    """Not TensorFlow's InvalidArgumentError around it: the user's exception, traceback and all."""
+    import keras
+
+    class Missing(keras.utils.PyDataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, index):
+            if index == 7:
+                raise FileNotFoundError(f"no such file: image-{index}.png")
+            part = slice(index * 16, (index + 1) * 16)
+            return X[part], Y[part]
+
+    with pytest.raises(FileNotFoundError, match="image-7.png") as raised:
+        _fit(Missing(), shuffle=False, checkpoint_dir=str(tmp_path / "ckpt"), save_every_steps=2)
+    assert any("raised by Missing in tfdist's input pipeline" in note for note in raised.value.__notes__)
+    assert any(frame.name == "__getitem__" for frame in __import__("traceback").extract_tb(raised.value.__traceback__))
+
+    class Ragged(Missing):
+        def __getitem__(self, index):
+            size = 10 if index == 3 else 16
+            return X[:size], Y[:size]
+
+    with pytest.raises(DataError, match=r"Ragged\[3\] holds 10 examples, batch 0 holds 16.*Fix"):
+        _fit(Ragged(), shuffle=False, validation_data=batches())
+    with pytest.raises(DataError, match=r"Ragged\[3\] holds 10 examples"):  # in validation, too
+        _fit(batches(), validation_data=Ragged())
 
 
 def test_a_dataset_batch_the_replicas_do_not_divide_is_refused_with_the_fix():

@@ -50,7 +50,7 @@ from tfdist.data.files import Layout, TFRecordSource
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.loading import as_source, load, load_digits, load_npz, num_classes
 from tfdist.data.order import DataPlan
-from tfdist.data.pydataset import PyDatasetSource
+from tfdist.data.pydataset import PyDatasetSource, read_failure
 from tfdist.data.pipeline import dataset_fn, make_plan, steps_per_epoch_for, validation_dataset, validation_input
 from tfdist.data.stream import DEFAULT_SHUFFLE_BUFFER, StreamSource
 
@@ -75,6 +75,7 @@ __all__ = [
     "load_npz",
     "make_plan",
     "num_classes",
+    "read_failure",
     "steps_per_epoch_for",
     "validation_dataset",
     "validation_input",

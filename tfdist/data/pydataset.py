@@ -67,6 +67,7 @@ class PyDatasetSource:
             raise DataError(f"`data` is empty; received the {kind} {self.name!r} with 0 batches. "
                             "Fix: give it at least one batch.")
         self.num_batches = length
+        self.failure: BaseException | None = None  # the first error of a read in tf.data's threads
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[int, list[np.ndarray]] = collections.OrderedDict()
         self._readers = threading.BoundedSemaphore(self._workers())
@@ -172,6 +173,16 @@ class PyDatasetSource:
 
     # --- what the pipeline reads ---------------------------------------------------------------
     def _read(self, positions: np.ndarray) -> list[np.ndarray]:
+        """``_gather`` in tf.data's threads: an error is kept (``failure``) to be raised as itself by fit."""
+        try:
+            return self._gather(positions)
+        except Exception as e:
+            with self._lock:
+                if self.failure is None:
+                    self.failure = e
+            raise
+
+    def _gather(self, positions: np.ndarray) -> list[np.ndarray]:
         """The examples at ``positions`` (row ``k % B`` of batch ``k // B``), each batch read once."""
         positions = np.asarray(positions, np.int64).reshape(-1)
         batches, rows = np.divmod(positions, self.batch_size)
@@ -242,8 +253,24 @@ class PyDatasetSource:
         """The first ``count`` examples, structured as the dataset's batches."""
         import tensorflow as tf
 
-        rows = self._read(np.arange(min(count, self._num_examples)))
+        rows = self._gather(np.arange(min(count, self._num_examples)))
         return tf.nest.pack_sequence_as(self._element, rows)
+
+
+def read_failure(error: BaseException, *sources: Any) -> BaseException | None:
+    """The error a Python dataset raised in the input pipeline, if ``error`` is TensorFlow's wrapping
+    of it: fit raises the dataset's own exception (its type, message and traceback) instead."""
+    import tensorflow as tf
+
+    if not isinstance(error, tf.errors.OpError):
+        return None
+    for source in sources:
+        failure = getattr(source, "failure", None) if isinstance(source, PyDatasetSource) else None
+        if failure is not None and f"{type(failure).__name__}: " in str(error):
+            failure.add_note(f"(raised by {source.name} in tfdist's input pipeline; TensorFlow's error was "
+                             f"{type(error).__name__})")
+            return failure
+    return None
 
 
 def _flatten(element: Any) -> list:

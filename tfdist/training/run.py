@@ -480,6 +480,9 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
     except BaseException as e:  # a failing callback, Ctrl-C, bad data: the save in flight is finished first
         if checkpointer is not None:
             _finish_saves(checkpointer, e)
+        failure = data_mod.read_failure(e, shape.source, shape.validation)
+        if failure is not None:  # a Python dataset's own error, not TensorFlow's wrapping of it
+            raise failure from None
         raise
     if checkpointer is not None:
         checkpointer.close()

@@ -200,6 +200,12 @@ def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted
     best, again = reference.model.get_weights(), resumed.model.get_weights()
     assert np.array_equal(saved_best, best[0]) and trained and not any(np.array_equal(t, best[0]) for t in trained)
     assert len(best) == len(again) and all(np.array_equal(a, b) for a, b in zip(best, again))
+    # Called again, the complete run trains nothing and returns the model as the run returned it:
+    # EarlyStopping's best weights, not the last step's (which the final checkpoint holds).
+    complete = _fit(keras_name, tmp_path / "int", tmp_path / "int.csv",
+                    callbacks=_callbacks(keras_name, tmp_path / "int.csv"), save_every_steps=save_every_steps)
+    assert complete.tfdist.start_step == complete.tfdist.global_step == 44 and complete.history == reference.history
+    assert all(np.array_equal(a, b) for a, b in zip(best, complete.model.get_weights()))
 
 
 def test_adding_or_removing_early_stopping_with_best_weights_on_resume_still_resumes(tmp_path, caplog):

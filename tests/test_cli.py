@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tfdist import env, errors
@@ -73,3 +74,40 @@ def test_train_class_weight_and_validation_freq_flags_are_parsed_refused_in_one_
                  "--validation-freq", "2", "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)]) == 0
     record = json.loads(summary.read_text())
     assert record["final_loss"] == 0.0 and record["val_accuracy"] is None
+
+
+@pytest.mark.timeout(240)
+def test_train_writes_the_trained_model_as_a_keras_file_that_loads_and_scores_as_the_run(tmp_path, capsys):
+    import json
+
+    import keras
+
+    from tfdist.cli import main
+    from tfdist.data import load_digits
+
+    out, summary = tmp_path / "run", tmp_path / "summary.json"
+    args = ["train", "--epochs", "1", "--steps-per-epoch", "3", "--verbose", "0", "--output-dir", str(out),
+            "--summary-json", str(summary)]
+    assert main(args) == 0
+    model = keras.models.load_model(out / "model.keras")
+    validation = load_digits()[1]
+    scores = model.evaluate(validation.x, validation.y, verbose=0, return_dict=True)
+    assert scores["accuracy"] == pytest.approx(json.loads(summary.read_text())["val_accuracy"], abs=1e-6)
+    first = model.get_weights()
+    # Run again, the complete run writes the same model again (e.g. after its file was lost).
+    (out / "model.keras").unlink()
+    assert main(args) == 0
+    again = keras.models.load_model(out / "model.keras").get_weights()
+    assert len(again) == len(first) and all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+
+    elsewhere = tmp_path / "models" / "digits.keras"
+    assert main([*args[:-4], "--output-dir", str(tmp_path / "b"), "--save-model", str(elsewhere)]) == 0
+    assert elsewhere.is_file() and not (tmp_path / "b" / "model.keras").exists()
+    assert main([*args[:-4], "--output-dir", str(tmp_path / "c"), "--no-save-model"]) == 0
+    assert not (tmp_path / "c" / "model.keras").exists()
+    capsys.readouterr()
+    assert main([*args[:-4], "--output-dir", str(tmp_path / "d"), "--save-model", str(tmp_path / "model.h5")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "ends in .keras" in err and "model.h5" in err and "Fix:" in err, err
+    assert not (tmp_path / "d").exists()  # refused before anything was trained or written

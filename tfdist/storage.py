@@ -172,21 +172,39 @@ def read_text(path: str) -> str:
 def write_atomic(path: str, data: str | bytes) -> None:
     """Writes ``data`` to ``path`` so that readers see the old content or the new, never a part."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
+
+    def write(target: str) -> None:
+        with (_gfile().GFile(target, "wb") if is_url(target) else open(target, "wb")) as f:
+            f.write(payload)
+
+    _replace_atomically(path, write)
+
+
+def copy_atomic(local: str, path: str) -> None:
+    """Copies the local file ``local`` to ``path`` (any filesystem), atomically as ``write_atomic``."""
+
+    def copy(target: str) -> None:
+        if is_url(target):
+            _gfile().copy(local, target, overwrite=True)
+        else:
+            shutil.copyfile(local, target)
+
+    _replace_atomically(path, copy)
+
+
+def _replace_atomically(path: str, write) -> None:
+    """``write(target)`` into a temporary file renamed over ``path``; on an object store, into ``path`` itself."""
     if not is_url(path):
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(payload)
+        write(tmp)
         os.replace(tmp, path)
         return
-    gfile = _gfile()
     if scheme(path) in OBJECT_STORES:
-        with gfile.GFile(path, "wb") as f:  # one object write: atomic on an object store
-            f.write(payload)
+        write(path)  # one object write: atomic on an object store
         return
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with gfile.GFile(tmp, "wb") as f:
-        f.write(payload)
-    gfile.rename(tmp, path, overwrite=True)
+    write(tmp)
+    _gfile().rename(tmp, path, overwrite=True)
 
 
 def rename(source: str, target: str) -> None:

@@ -47,6 +47,9 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
                          checkpoint_tensors(str(interrupted / "checkpoints")))
     assert resumed["final_loss"] == summary["final_loss"]
     assert _history(interrupted) == _history(reference)  # every epoch's metrics, the resumed one too
+    # The chief wrote the trained model (every worker took part in saving it); it is the same model.
+    assert _model_weights(interrupted) and all(
+        np.array_equal(a, b) for a, b in zip(_model_weights(reference), _model_weights(interrupted)))
     # worker:1's local copies of the checkpoints: the killed task's were emptied by its restart,
     # which removed the directory when it ended, so no copy is left behind.
     from tfdist import storage
@@ -85,6 +88,12 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
     mirrored = read_json(tmp_path / "mirrored.json")
     assert mirrored["strategy"] == "mirrored" and mirrored["start_step"] == 24 and mirrored["global_step"] == 32
     assert "saved by" not in out and "could not be found" not in out
+
+
+def _model_weights(out_dir) -> list:
+    import keras
+
+    return keras.models.load_model(out_dir / "model.keras").get_weights()
 
 
 def _history(out_dir):

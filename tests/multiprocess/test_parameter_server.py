@@ -29,6 +29,10 @@ def test_chief_two_workers_one_ps_train_and_resume_after_preemption(procs, tmp_p
     assert summary["all_reduce"] is None  # no all-reduce: variables live on the ps tasks
     assert summary["global_step"] == 20 and summary["completed"]
     assert "stopping worker:0, worker:1, ps:0" in out
+    # The chief wrote the trained model, read from the ps tasks, as a file of the model's Keras.
+    keras_module = __import__("keras" if keras == "3" else "tf_keras")
+    model = keras_module.models.load_model(tmp_path / "run" / "model.keras")
+    assert model.count_params() > 0 and np.isfinite(model.predict(np.zeros((2, 8, 8, 1)), verbose=0)).all()
 
     # The chief is preempted (SIGTERM) at step 12: it saves, exits 75, the cluster restarts and resumes there.
     code, out = launch(tmp_path / "preempted", fault="chief:0/term_at_step:12")

@@ -107,6 +107,11 @@ def register(subparsers) -> None:
     run.add_argument("--deterministic", action="store_true", help="turn on TensorFlow's op determinism")
     run.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, help=f"TensorBoard logs and checkpoints (default {DEFAULT_OUTPUT_DIR})")
     run.add_argument("--summary-json", default=None, metavar="PATH", help="write the run's summary as JSON (chief only)")
+    saving = run.add_mutually_exclusive_group()
+    saving.add_argument("--save-model", default=None, metavar="PATH",
+                        help="when the run is complete, write the trained model as a Keras file (chief only; default "
+                        "OUTPUT_DIR/model.keras; load it with keras.models.load_model)")
+    saving.add_argument("--no-save-model", action="store_true", help="do not write the trained model")
     run.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None, help="Keras verbosity (default: 1 on a terminal, else 2)")
 
     dist = parser.add_argument_group("distribution")
@@ -149,10 +154,16 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist import cluster as cluster_mod
 
     cluster = cluster_mod.detect()  # an invalid TF_CONFIG fails here, before TensorFlow starts
-    tf = _quiet.import_tensorflow()
     from tfdist import storage
+    from tfdist.training import export
 
+    model_path = None if args.no_save_model else args.save_model or storage.join(args.output_dir, "model" + export.SUFFIX)
+    if model_path is not None:
+        export.check_name(model_path)
+    tf = _quiet.import_tensorflow()
     storage.check_supported(args.output_dir, what="--output-dir")
+    if model_path is not None:
+        storage.check_supported(model_path, what="--save-model")
     from tfdist.checkpoint import layout
 
     checkpoint_dir = args.checkpoint_dir or layout.checkpoint_dir_of(args.output_dir)
@@ -236,6 +247,8 @@ def run_command(args: argparse.Namespace) -> int:
     if history is None:  # a ps or worker task of a parameter-server cluster, stopped
         return 0
     summary = history.tfdist
+    if model_path is not None:
+        export.save_model(history.model, model_path, is_chief=cluster.is_chief)
     if cluster.is_chief:
         print(f"tfdist train: {_summary_line(summary)}", flush=True)
         if args.summary_json:

@@ -168,6 +168,19 @@ class CallbackState:
             log.warning("%s: the best weights saved with the checkpoint could not be read back; restore_best_weights "
                         "restores only best weights seen from now on", key)
 
+    def weights_at_end(self) -> list | None:
+        """The weights a complete run's model ended with if not the last step's: the best weights
+        of the last ``EarlyStopping(restore_best_weights=True)`` that held some (its ``on_train_end``
+        put them into the model), read from the checkpoint; None otherwise."""
+        if self._saved is None or not self._arrays_restored:
+            return None
+        weights = None
+        for cb in self._stateful:
+            key = self._keys[id(cb)]
+            if key in self._slots and (self._saved.get(key) or {}).get(_BEST_WEIGHTS):
+                weights = [v.numpy() for v in self._slots[key]]
+        return weights
+
     # --- at every save -------------------------------------------------------------------
     def capture(self, *, assign: bool = True) -> dict:
         """The callbacks' state for the checkpoint's metadata; with ``assign``, best weights

@@ -138,7 +138,8 @@ def fit(
     checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster,
                                        callback_state=callback_state)
     if point is not None and _is_complete(point, shape):
-        return _already_complete(point, adapter, checkpointer, strat, traits, shape, wall_start=wall_start)
+        return _already_complete(point, adapter, built, checkpointer, strat, traits, shape, wall_start=wall_start,
+                                 callback_state=callback_state)
     start_step = point.global_step if point is not None else 0
     # 5. Datasets.
     train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
@@ -360,12 +361,18 @@ def _is_complete(point: ResumePoint, shape: _Shape) -> bool:
     )
 
 
-def _already_complete(point: ResumePoint, adapter, checkpointer: Checkpointer, strat, traits, shape: _Shape, *,
-                      wall_start):
+def _already_complete(point: ResumePoint, adapter, built, checkpointer: Checkpointer, strat, traits, shape: _Shape, *,
+                      wall_start, callback_state: CallbackState):
+    """The History of a run already complete, its model as the run returned it: the final
+    checkpoint's state, with an EarlyStopping's best weights if it restored them."""
     log.info("the run in %s is already complete at step %d; nothing to train", checkpointer.options.directory,
              point.global_step)
     checkpointer.close()
+    best = callback_state.weights_at_end()
+    if best is not None:
+        built.set_weights(best)
     history = adapter.history(point.metadata.history)
+    history.set_model(built)
     history.tfdist = summarize(
         strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
         all_reduce=strategy_mod.all_reduce_of(strat),

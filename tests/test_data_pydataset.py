@@ -110,6 +110,29 @@ def test_a_crash_mid_epoch_resumes_at_the_next_batch_bit_identically(tmp_path):
     assert same_weights(resumed.model, reference.model)
 
 
+def test_a_dataset_that_augments_at_random_still_resumes(tmp_path):
+    """Its batches differ in every process: the data's identity is its shape, not its values."""
+    import keras
+
+    class Noisy(keras.utils.PyDataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, index):
+            part = slice(index * 16, (index + 1) * 16)
+            return X[part] + np.random.normal(0, 0.01, X[part].shape).astype(np.float32), Y[part]
+
+    directory = str(tmp_path / "ckpt")
+    assert PyDatasetSource(Noisy()).fingerprint() == PyDatasetSource(Noisy()).fingerprint()
+    with pytest.raises(Crash):
+        _fit(Noisy(), checkpoint_dir=directory, save_every_steps=4, callbacks=[crash_after(6)])
+    resumed = _fit(Noisy(), checkpoint_dir=directory, save_every_steps=4)
+    assert resumed.tfdist.start_step == 4 and resumed.tfdist.global_step == 24
+    # Another length or example shape is another data set: refused, as for arrays.
+    with pytest.raises(tfdist.CheckpointMismatchError, match="data"):
+        _fit(batches(x=X[:160], y=Y[:160]), checkpoint_dir=directory, epochs=3)
+
+
 def test_validation_reads_every_example_the_smaller_last_batch_included():
     history = _fit(batches(), epochs=1, validation_data=batches(x=X[:50], y=Y[:50], batch=16))
     evaluated = history.model.evaluate(X[:50], Y[:50], verbose=0, return_dict=True)

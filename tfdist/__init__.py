@@ -36,6 +36,7 @@ _LAZY = {
     "plan": "tfdist.planning",
     "Plan": "tfdist.planning",
     "TFRecordSource": "tfdist.data.files",
+    "save_model": "tfdist.training.export",
 }
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "plan",
     "Plan",
     "TFRecordSource",
+    "save_model",
     "TfdistError",
     "ClusterConfigError",
     "StrategyError",
@@ -70,6 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import detect as detect_cluster
     from tfdist.data.files import TFRecordSource
     from tfdist.training import fit
+    from tfdist.training.export import save_model
     from tfdist.planning import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu
 

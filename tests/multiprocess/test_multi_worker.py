@@ -153,3 +153,8 @@ def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp
         np.testing.assert_allclose(a[key], b[key], atol=2e-5, err_msg=key)
     iterations = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
     assert a[iterations] == b[iterations] == 6  # one optimizer iteration per accumulated step
+    # Both workers took part in writing the trained model (tfdist.save_model); the chief's file
+    # loads with the model's Keras and holds the checkpoint's weights.
+    loaded = __import__("keras" if keras == "3" else "tf_keras").models.load_model(tmp_path / "acc" / "model.keras")
+    kernel = next(b[k] for k in model_keys if b[k].ndim == 2)
+    assert any(np.array_equal(w, kernel) for w in loaded.get_weights())

@@ -163,7 +163,7 @@ def run_command(args: argparse.Namespace) -> int:
     tf = _quiet.import_tensorflow()
     storage.check_supported(args.output_dir, what="--output-dir")
     if model_path is not None:
-        storage.check_supported(model_path, what="--save-model")
+        storage.check_supported(model_path, what="--save-model")  # save_model checks again, as `path`: fail first
     from tfdist.checkpoint import layout
 
     checkpoint_dir = args.checkpoint_dir or layout.checkpoint_dir_of(args.output_dir)
@@ -248,7 +248,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     summary = history.tfdist
     if model_path is not None:
-        export.save_model(history.model, model_path, is_chief=cluster.is_chief)
+        export.save_model(history.model, model_path, cluster=cluster)
     if cluster.is_chief:
         print(f"tfdist train: {_summary_line(summary)}", flush=True)
         if args.summary_json:

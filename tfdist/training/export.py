@@ -24,15 +24,27 @@ def check_name(path: str, *, what: str = "--save-model") -> None:
                          f"{what}={path!r}. Fix: name a file such as model{SUFFIX}.")
 
 
-def save_model(model, path: str, *, is_chief: bool) -> None:
-    """Writes ``model`` to ``path``. Every task that trained calls it: under multi_worker_mirrored
-    reading a variable may be a collective that all workers join (TensorFlow's rule for saving
-    there); the chief's file goes to ``path``, the others' to a temporary file, removed."""
+def save_model(model, path: str, *, cluster=None) -> None:
+    """Writes a trained Keras model (Keras 3 or tf_keras) to ``path``, a ``.keras`` file on any
+    TensorFlow filesystem (``gs://bucket/model.keras``), atomically.
+
+    Call it on every task that trained, as ``fit`` was: under multi_worker_mirrored, reading the
+    model's variables may be a collective that all workers join (tf_keras' ``model.save`` on the
+    chief alone fails once the other workers have gone on). The chief's file goes to ``path``;
+    the other workers write a temporary file and remove it. ``cluster``: this task's
+    ``ClusterSpec`` (default: detected, as ``fit`` does).
+    """
+    check_name(path, what="path")
+    storage.check_supported(path, what="path")
+    if cluster is None:
+        from tfdist.cluster import detect
+
+        cluster = detect()
     scratch = tempfile.mkdtemp(prefix="tfdist-model-")
     try:
         local = os.path.join(scratch, "model" + SUFFIX)
         model.save(local)
-        if is_chief:
+        if cluster.is_chief:
             storage.makedirs(storage.dirname(storage.absolute(path)))
             storage.copy_atomic(local, path)
             log.info("trained model written to %s (%.1f MB; load it with %s.models.load_model)", path,

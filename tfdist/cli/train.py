@@ -109,7 +109,7 @@ def register(subparsers) -> None:
     run.add_argument("--summary-json", default=None, metavar="PATH", help="write the run's summary as JSON (chief only)")
     saving = run.add_mutually_exclusive_group()
     saving.add_argument("--save-model", default=None, metavar="PATH",
-                        help="when the run is complete, write the trained model as a Keras file (chief only; default "
+                        help="when the run is complete, write the trained model as a Keras file (by the chief; default "
                         "OUTPUT_DIR/model.keras; load it with keras.models.load_model)")
     saving.add_argument("--no-save-model", action="store_true", help="do not write the trained model")
     run.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None, help="Keras verbosity (default: 1 on a terminal, else 2)")

@@ -85,7 +85,8 @@ def fit(
       data: ``(x, y)`` NumPy arrays, a ``tfdist.TFRecordSource`` (TFRecord files, each
         replica reading its own stream), a Keras ``PyDataset``/``Sequence`` (whole batches in
         a seeded order; its batch size is the default global batch), an unbatched
-        ``tf.data.Dataset`` of ``(x, y)``, or a name: ``"digits"``, ``"tfds:NAME"``, or a path to an ``.npz`` with ``x`` and ``y``.
+        ``tf.data.Dataset`` of ``(x, y)``, or a name: ``"digits"``, ``"tfds:NAME"``, or a
+        path to an ``.npz`` with ``x`` and ``y``.
         As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or
         outputs), and a third element ``sample_weight`` weighs each example.
       validation_data: data in any form ``data`` takes, evaluated after every

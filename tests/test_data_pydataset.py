@@ -194,6 +194,13 @@ def test_defects_are_named_with_the_fix():
     with pytest.raises(DataError, match=r"Images\[0\] must return \(x, y\) .*received ndarray.*Fix"):
         PyDatasetSource(Images())
 
+    class Ragged(Images):
+        def __getitem__(self, index):
+            return np.array([[1.0], [1.0, 2.0]], dtype=object), Y[:2]
+
+    with pytest.raises(DataError, match=r"Ragged\[0\] x must be a numeric or string array; .*Python objects.*Fix"):
+        PyDatasetSource(Ragged())
+
     with pytest.raises(DataError, match="parameter-server workers cannot run"):
         PyDatasetSource(batches()).gather_fn(embed=True)
 

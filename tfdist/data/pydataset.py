@@ -129,11 +129,15 @@ class PyDatasetSource:
             )
         element = tuple(_as_arrays(part) for part in item)
         leaves = _flatten(element)
+        paths = _flatten(_named(element, ("x", "y", "sample_weight")))
         if any(leaf.ndim == 0 for leaf in leaves) or len({len(leaf) for leaf in leaves}) != 1:
-            shapes = ", ".join(f"{path} of shape {leaf.shape}" for path, leaf in
-                               zip(_flatten(_named(element, ("x", "y", "sample_weight"))), leaves))
+            shapes = ", ".join(f"{path} of shape {leaf.shape}" for path, leaf in zip(paths, leaves))
             raise DataError(f"{self.name}[{index}] must hold one row per example in every array; received {shapes}. "
                             "Fix: return arrays with the same first dimension.")
+        for path, leaf in zip(paths, leaves):
+            if leaf.dtype == object:
+                raise DataError(f"{self.name}[{index}] {path} must be a numeric or string array; received an array of "
+                                "Python objects. Fix: return np.asarray(..., np.float32) (or of equal-length rows).")
         return element
 
     def _batch(self, index: int) -> list[np.ndarray]:

@@ -49,6 +49,22 @@ def _as_arrays(value: Any) -> Any:
     return np.asarray(value)
 
 
+def numpy_gather(read: Callable[[np.ndarray], list], element: Any, leaves: list[np.ndarray]) -> Callable:
+    """``indices -> element's nest of rows``: ``read(indices)`` run in Python (``tf.numpy_function``),
+    returning one array per leaf of ``element`` in ``leaves``' dtypes and example shapes."""
+    import tensorflow as tf
+
+    dtypes = [tf.as_dtype(leaf.dtype) for leaf in leaves]
+
+    def gather(idx):
+        rows = tf.numpy_function(read, [idx], dtypes, stateful=False)
+        for row, leaf in zip(rows, leaves):
+            row.set_shape(idx.shape.concatenate(leaf.shape[1:]))
+        return tf.nest.pack_sequence_as(element, rows)
+
+    return gather
+
+
 def _named(element: tuple, parts: tuple[str, ...]) -> tuple:
     """``element``'s structure holding each array's name, e.g. ``x['image']`` (for messages)."""
 
@@ -153,15 +169,7 @@ class ArraySource:
                 )
             constants = [tf.constant(leaf) for leaf in leaves]
             return lambda idx: tf.nest.pack_sequence_as(element, [tf.gather(c, idx) for c in constants])
-        dtypes = [tf.as_dtype(leaf.dtype) for leaf in leaves]
-
-        def gather(idx):
-            rows = tf.numpy_function(lambda i: [leaf[i] for leaf in leaves], [idx], dtypes, stateful=False)
-            for row, leaf in zip(rows, leaves):
-                row.set_shape(idx.shape.concatenate(leaf.shape[1:]))
-            return tf.nest.pack_sequence_as(element, rows)
-
-        return gather
+        return numpy_gather(lambda i: [leaf[i] for leaf in leaves], element, leaves)
 
     def split(self, fraction: float) -> tuple["ArraySource", "ArraySource"]:
         """Keras' ``validation_split``: (the first examples, the last ``fraction`` of them), taken

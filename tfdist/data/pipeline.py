@@ -113,14 +113,15 @@ def make_plan(
         log.warning("%s", COSTS)
     spe = steps_per_epoch_for(source, sizes, steps_per_epoch, layout=layout, parameter_server=parameter_server)
     used = spe * sizes.global_batch_size
-    if isinstance(source, PyDatasetSource) and used < source.num_examples and steps_per_epoch is None:
-        log.info("%d example(s) of %s are left out of every epoch: %s", source.num_examples - used, source.name,
-                 "its last batch is smaller" if source.training_examples == used else
-                 f"its {source.full_batches} batches of {source.batch_size} do not fill whole global batches")
-    elif source.num_examples and used < source.num_examples and steps_per_epoch is None:
-        log.info("%d example(s) per epoch do not fill a global batch%s and are left out of that epoch "
-                 "(a different set each epoch when shuffling)", source.num_examples - used,
-                 f" (per stream: {layout.streams} streams)" if layout is not None else "")
+    if source.num_examples and used < source.num_examples and steps_per_epoch is None:
+        if isinstance(source, PyDatasetSource):
+            log.info("%d example(s) of %s are left out of every epoch: %s", source.num_examples - used, source.name,
+                     "its last batch is smaller" if source.training_examples == used else
+                     f"its {source.full_batches} batches of {source.batch_size} do not fill whole global batches")
+        else:
+            log.info("%d example(s) per epoch do not fill a global batch%s and are left out of that epoch "
+                     "(a different set each epoch when shuffling)", source.num_examples - used,
+                     f" (per stream: {layout.streams} streams)" if layout is not None else "")
     return DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=epochs, seed=seed, shuffle=shuffle, layout=layout)
 
 

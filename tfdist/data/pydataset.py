@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tfdist.data.arrays import _as_arrays, _named
+from tfdist.data.arrays import _as_arrays, _named, numpy_gather
 from tfdist.errors import DataError
 
 log = logging.getLogger("tfdist")
@@ -148,9 +148,8 @@ class PyDatasetSource:
                 return self._cache[index]
         element = self._fetch(index)
         leaves = _flatten(element)
-        if hasattr(self, "_leaves"):
-            self._check_like_first(index, element, leaves)
-            leaves = [leaf.astype(first.dtype, copy=False) for leaf, first in zip(leaves, self._leaves)]
+        self._check_like_first(index, element, leaves)
+        leaves = [leaf.astype(first.dtype, copy=False) for leaf, first in zip(leaves, self._leaves)]
         with self._lock:
             self._cache[index] = leaves
             while len(self._cache) > CACHED_BATCHES:
@@ -235,24 +234,13 @@ class PyDatasetSource:
         return self._fingerprint
 
     def gather_fn(self, *, embed: bool = False) -> Callable:
-        import tensorflow as tf
-
         if embed:
             raise DataError(
                 f"{self.name} is a Python dataset read through tf.numpy_function, which parameter-server workers "
                 "cannot run. Fix: use a synchronous strategy, or write the data as TFRecord files and pass "
                 "tfdist.TFRecordSource(files, parse_fn)."
             )
-        element, leaves = self._element, self._leaves
-        dtypes = [tf.as_dtype(leaf.dtype) for leaf in leaves]
-
-        def gather(idx):
-            rows = tf.numpy_function(self._read, [idx], dtypes, stateful=False)
-            for row, leaf in zip(rows, leaves):
-                row.set_shape(idx.shape.concatenate(leaf.shape[1:]))
-            return tf.nest.pack_sequence_as(element, rows)
-
-        return gather
+        return numpy_gather(self._read, self._element, self._leaves)
 
     def sample(self, count: int) -> tuple:
         """The first ``count`` examples, structured as the dataset's batches."""
@@ -270,7 +258,7 @@ def read_failure(error: BaseException, *sources: Any) -> BaseException | None:
     if not isinstance(error, tf.errors.OpError):
         return None
     for source in sources:
-        failure = getattr(source, "failure", None) if isinstance(source, PyDatasetSource) else None
+        failure = source.failure if isinstance(source, PyDatasetSource) else None
         if failure is not None and f"{type(failure).__name__}: " in str(error):
             failure.add_note(f"(raised by {source.name} in tfdist's input pipeline; TensorFlow's error was "
                              f"{type(error).__name__})")

@@ -83,7 +83,7 @@ def _dataset():
     ((X, Y), dict(validation_split=0.2, validation_data=(X, Y)),
      r"both validation_data and validation_split=0.2 were given. Fix: pass one of them"),
     ("digits", dict(validation_split=0.2), r"in-memory arrays only; received data='digits'. Fix: leave validation_split out"),
-    (_dataset, dict(validation_split=0.2), r"in-memory arrays only; received data of type \w*Dataset\w*. Fix: pass validation_data"),
+    (_dataset, dict(validation_split=0.2), r"in-memory arrays and image folders only; received data of type \w*Dataset\w*. Fix: pass validation_data"),
     ((X, Y), dict(validation_split=1.0), r"Invalid `validation_split`; received validation_split=1.0. Fix: pass a fraction"),
     ((X, Y), dict(validation_split=-0.1), r"received validation_split=-0.1"),
     ((X, Y), dict(validation_split=True), r"received validation_split=True"),

@@ -36,6 +36,7 @@ _LAZY = {
     "plan": "tfdist.planning",
     "Plan": "tfdist.planning",
     "TFRecordSource": "tfdist.data.files",
+    "ImageFolderSource": "tfdist.data.images",
     "save_model": "tfdist.training.export",
 }
 
@@ -49,6 +50,7 @@ __all__ = [
     "plan",
     "Plan",
     "TFRecordSource",
+    "ImageFolderSource",
     "save_model",
     "TfdistError",
     "ClusterConfigError",
@@ -71,6 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import ClusterSpec
     from tfdist.cluster import detect as detect_cluster
     from tfdist.data.files import TFRecordSource
+    from tfdist.data.images import ImageFolderSource
     from tfdist.training import fit
     from tfdist.training.export import save_model
     from tfdist.planning import Plan, plan

@@ -1,5 +1,6 @@
 """parameter_server in real local processes: a chief, 2 workers and 1 ps, and a preempted restart."""
 
+import os
 import sys
 
 import numpy as np
@@ -92,3 +93,35 @@ def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_w
     kernel1, bias1, kernel2, bias2 = (np.asarray(w, np.float32) for w in result["weights"])
     assert np.all(kernel1 == np.float32(0.1)) and np.all(kernel2 == np.float32(0.1))  # as initialized
     assert not bias1.any() and not bias2.any()
+
+
+IMAGES_SCRIPT = '''
+import json, sys
+import numpy as np
+import tfdist
+from test_data_images import _model
+
+source = tfdist.ImageFolderSource(sys.argv[2], image_size=(16, 16))
+history = tfdist.fit(_model, source, validation_split=0.25, batch_size=8, epochs=2, steps_per_epoch=3, seed=0,
+                     verbose=0, checkpoint_dir=sys.argv[1])
+json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
+           "loss": history.history["loss"], "val_loss": history.history["val_loss"]}, open(sys.argv[1] + ".json", "w"))
+'''
+
+
+@pytest.mark.timeout(300)
+def test_image_files_are_read_and_decoded_by_parameter_server_workers(procs, tmp_path):
+    """The workers' pipelines read the images by path and decode them with TensorFlow ops (no Python)."""
+    from test_data_images import write_images
+
+    folder = write_images(str(tmp_path / "images"))
+    script = tmp_path / "images.py"
+    script.write_text(IMAGES_SCRIPT)
+    out_dir = tmp_path / "ckpt"
+    environ = base_env(PYTHONPATH=os.path.dirname(os.path.dirname(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.tfdist("launch", "--workers", "2", "--ps", "1", "--chief", "--",
+                             sys.executable, str(script), str(out_dir), folder, timeout=240, env=environ)
+    assert code == 0, out[-4000:]
+    result = read_json(f"{out_dir}.json")
+    assert result["strategy"] == "parameter_server" and result["global_step"] == 6
+    assert len(result["val_loss"]) == 2 and np.isfinite(result["loss"] + result["val_loss"]).all()

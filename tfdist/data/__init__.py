@@ -26,6 +26,9 @@ Sources (what ``fit`` accepts as ``data``):
 * ``PyDatasetSource`` -- a Keras ``PyDataset`` (``keras.utils.Sequence``) or tf_keras ``Sequence``:
   batches read by index through ``tf.numpy_function``; epoch ``e`` visits its whole batches in a
   permutation seeded by ``(seed, e)``, rows in order (``pydataset``); synchronous strategies only.
+* ``ImageFolderSource`` -- image files in one folder per class (Keras' ``image_dataset_from_directory``
+  listing and decoding): the arrays' exact global shuffle over the files, each batch read and
+  decoded by TensorFlow ops in the pipeline, under every strategy, from any filesystem (``images``).
 * ``StreamSource``   -- any ``tf.data.Dataset`` of unbatched ``(x, y)`` (or ``(x, y, sample_weight)``):
   the fallback. Every worker reads all of it, resuming replays the epoch up to the position,
   and an unknown length costs a counting pass (a warning says so, and names the file source
@@ -33,7 +36,7 @@ Sources (what ``fit`` accepts as ``data``):
 
 Modules: ``batching`` (BatchSizes; no TensorFlow), ``class_weights`` (Keras' ``class_weight``, applied
 in the pipeline), ``order`` (DataPlan, seeded keys and
-permutations), ``arrays``, ``indexed``, ``pydataset``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
+permutations), ``arrays``, ``indexed``, ``pydataset``, ``images``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
 and offset reads), ``stream``, ``tfds``, ``features`` (JSON feature specs), ``pipeline`` (what
 ``fit`` calls), ``loading`` (named data).
 
@@ -47,6 +50,7 @@ from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource, check_validation
 from tfdist.data.batching import DEFAULT_PER_REPLICA_BATCH, BatchSizes
 from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import Layout, TFRecordSource
+from tfdist.data.images import ImageFolderSource
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.loading import as_source, load, load_digits, load_npz, num_classes
 from tfdist.data.order import DataPlan
@@ -61,6 +65,7 @@ __all__ = [
     "DataPlan",
     "DEFAULT_PER_REPLICA_BATCH",
     "DEFAULT_SHUFFLE_BUFFER",
+    "ImageFolderSource",
     "IndexedSource",
     "Layout",
     "MAX_EMBEDDED_BYTES",

@@ -8,6 +8,7 @@ import numpy as np
 
 from tfdist.data.arrays import ArraySource, scaled
 from tfdist.data.files import TFRecordSource
+from tfdist.data.images import ImageFolderSource
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.pydataset import PyDatasetSource, is_pydataset
 from tfdist.data.stream import StreamSource
@@ -150,7 +151,7 @@ def as_source(data: Any) -> Any:
     """Turns what the user passed as ``data`` into a source."""
     import tensorflow as tf
 
-    if isinstance(data, (ArraySource, IndexedSource, PyDatasetSource, StreamSource, TFRecordSource)):
+    if isinstance(data, (ArraySource, ImageFolderSource, IndexedSource, PyDatasetSource, StreamSource, TFRecordSource)):
         return data
     if isinstance(data, str):
         return load(data)[0]
@@ -163,8 +164,8 @@ def as_source(data: Any) -> Any:
     raise DataError(
         f"unsupported `data`; received {type(data).__name__}"
         f"{f' of length {len(data)}' if isinstance(data, (tuple, list)) else ''}. Fix: pass (x, y) or "
-        "(x, y, sample_weight) NumPy arrays, tfdist.TFRecordSource(files, parse_fn), a keras.utils.PyDataset "
-        "(Sequence) with __len__, an unbatched tf.data.Dataset of (x, y), or a name such as 'digits' or 'tfds:mnist'."
+        "(x, y, sample_weight) NumPy arrays, tfdist.TFRecordSource(files, parse_fn), tfdist.ImageFolderSource(directory), "
+        "a keras.utils.PyDataset (Sequence) with __len__, an unbatched tf.data.Dataset of (x, y), or a name such as 'digits' or 'tfds:mnist'."
     )
 
 

@@ -12,6 +12,7 @@ from tfdist.data.indexed import IndexedSource
 from tfdist.data.batching import BatchSizes
 from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import TFRecordSource
+from tfdist.data.images import ImageFolderSource
 from tfdist.data.order import DataPlan
 from tfdist.data.pydataset import PyDatasetSource
 from tfdist.data.stream import COSTS, StreamSource
@@ -22,8 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("tfdist")
 
-Source = Any  # ArraySource | IndexedSource | PyDatasetSource | StreamSource | TFRecordSource
-_INDEXED = (ArraySource, IndexedSource, PyDatasetSource)  # read by index, in a (seed, epoch)-order
+Source = Any  # ArraySource | ImageFolderSource | IndexedSource | PyDatasetSource | StreamSource | TFRecordSource
+_INDEXED = (ArraySource, ImageFolderSource, IndexedSource, PyDatasetSource)  # read by index, in a (seed, epoch)-order
 
 
 def _trained_examples(source: Source) -> int | None:
@@ -207,7 +208,7 @@ def _input_part(sizes, input_context, parameter_server: bool) -> tuple[int, int,
     return part.offset, part.length, part.local_replicas, 1, 0
 
 
-def _array_dataset_fn(source: ArraySource | IndexedSource | PyDatasetSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
+def _array_dataset_fn(source: Source, plan: DataPlan, *, start_step, stop_step, parameter_server):
     import tensorflow as tf
 
     spe, sizes = plan.steps_per_epoch, plan.sizes

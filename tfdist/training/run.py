@@ -83,15 +83,17 @@ def fit(
         subclassed model of either. Keras 3 models train in tfdist's own loop around their
         ``train_step``; tf_keras models in tf_keras' ``fit``.
       data: ``(x, y)`` NumPy arrays, a ``tfdist.TFRecordSource`` (TFRecord files, each
-        replica reading its own stream), a Keras ``PyDataset``/``Sequence`` (whole batches in
-        a seeded order; its batch size is the default global batch), an unbatched
+        replica reading its own stream), a ``tfdist.ImageFolderSource`` (images in one folder
+        per class, as Keras' ``image_dataset_from_directory``), a Keras ``PyDataset``/``Sequence``
+        (whole batches in a seeded order; its batch size is the default global batch), an unbatched
         ``tf.data.Dataset`` of ``(x, y)``, or a name: ``"digits"``, ``"tfds:NAME"``, or a
         path to an ``.npz`` with ``x`` and ``y``.
         As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or
         outputs), and a third element ``sample_weight`` weighs each example.
       validation_data: data in any form ``data`` takes, evaluated after every
         ``validation_freq``-th epoch (as in Keras). validation_split: as in Keras, the last
-        fraction of in-memory arrays (taken before shuffling) held out as validation data.
+        fraction of in-memory arrays (taken before shuffling) held out as validation data; of
+        an ``ImageFolderSource``, a fixed part of its files (by a hash of their paths).
       class_weight: as in Keras, ``{class number: weight}`` weighs each training example by
         its label's class (classes left out weigh 1; a ``sample_weight`` is multiplied).
       batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
@@ -272,7 +274,7 @@ def _batch_of(source, divisor: int) -> int:
 
 
 def _split_off_validation(source, fraction, *, data, validation_data) -> tuple[Any, Any]:
-    """Keras' ``validation_split``: (training source, validation source) of in-memory arrays."""
+    """Keras' ``validation_split``: (training source, validation source) of in-memory arrays or an image folder."""
     if validation_data is not None:
         raise DataError(f"both validation_data and validation_split={fraction!r} were given. "
                         "Fix: pass one of them (validation_split holds out the last part of the arrays).")
@@ -280,8 +282,8 @@ def _split_off_validation(source, fraction, *, data, validation_data) -> tuple[A
     if isinstance(data, str):
         raise DataError(f"validation_split applies to in-memory arrays only; received data={data!r}. Fix: leave "
                         "validation_split out: a named data set brings its own validation split (or pass validation_data).")
-    if not isinstance(source, data_mod.ArraySource):
-        raise DataError(f"validation_split applies to in-memory arrays only; received data of type {type(data).__name__}. "
+    if not isinstance(source, (data_mod.ArraySource, data_mod.ImageFolderSource)):
+        raise DataError(f"validation_split applies to in-memory arrays and image folders only; received data of type {type(data).__name__}. "
                         "Fix: pass validation_data (e.g. separate TFRecord files, or a dataset of held-out examples).")
     return source.split(fraction)
 

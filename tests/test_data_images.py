@@ -1,0 +1,191 @@
+"""ImageFolderSource: Keras' image_dataset_from_directory listing and pixels, exact resume mid-epoch with the
+images and the checkpoints on storage that is not a local disk, a validation split fixed by the paths, every
+strategy (mirrored here; parameter servers in test_parameter_server), and refusals that name the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist.data.images import ImageFolderSource
+from tfdist.errors import DataError
+
+from conftest import Crash, base_env, crash_after, same_weights
+
+CLASSES = ("cat", "dog", "eel")
+
+
+def write_images(directory: str, per_class: int = 12, *, seed: int = 0) -> str:
+    """``per_class`` images of each class under ``directory`` (any TensorFlow filesystem): PNG and JPEG of
+    assorted sizes, some in a nested folder, plus files that are not images; each class's images are
+    brighter in its own channel, so the classes can be learnt."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    for label, name in enumerate(CLASSES):
+        for i in range(per_class):
+            folder = f"{directory}/{name}" + ("/nested" if i % 4 == 0 else "")
+            tf.io.gfile.makedirs(folder)
+            h, w = rng.integers(10, 24, 2)
+            pixels = rng.integers(0, 120, (h, w, 3)).astype(np.uint8)
+            pixels[..., label] += 120
+            if i % 2:
+                tf.io.write_file(f"{folder}/{i:02d}.png", tf.io.encode_png(pixels))
+            else:
+                tf.io.write_file(f"{folder}/{i:02d}.JPG", tf.io.encode_jpeg(pixels))
+        tf.io.write_file(f"{directory}/{name}/notes.txt", "not an image")
+    tf.io.gfile.makedirs(f"{directory}/.cache")  # hidden: not a class (as in Keras)
+    return directory
+
+
+def _model():
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((16, 16, 3)), keras.layers.Rescaling(1 / 255), keras.layers.Conv2D(4, 3, use_bias=False),
+        keras.layers.BatchNormalization(), keras.layers.Activation("relu"), keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dropout(0.1), keras.layers.Dense(3)])
+    schedule = keras.optimizers.schedules.CosineDecay(0.05, 40)
+    model.compile(keras.optimizers.Adam(schedule), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def _fit(data, **kwargs):
+    options = dict(epochs=3, batch_size=8, strategy="one_device", seed=3, deterministic=True, verbose=0)
+    options.update(kwargs)
+    return tfdist.fit(_model, data, **options)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_images(str(tmp_path_factory.mktemp("images")))
+
+
+@pytest.mark.parametrize("options", [dict(), dict(color_mode="grayscale", label_mode="categorical", interpolation="area"),
+                                     dict(class_names=["eel", "cat"], label_mode="binary", interpolation="nearest")])
+def test_the_listing_pixels_and_labels_are_keras_image_dataset_from_directory(folder, options):
+    import keras
+
+    source = ImageFolderSource(folder, image_size=(12, 10), **options)
+    expected = keras.utils.image_dataset_from_directory(folder, image_size=(12, 10), shuffle=False, batch_size=None,
+                                                        verbose=False, **options)
+    x_keras = np.stack([x.numpy() for x, _ in expected])
+    y_keras = np.stack([y.numpy() for _, y in expected])
+    x, y = source.sample(100)
+    assert source.num_examples == len(x_keras) == (24 if "class_names" in options else 36)
+    assert source.class_names == tuple(expected.class_names)
+    assert x.dtype == np.float32 and x.shape == x_keras.shape  # Keras' "nearest" keeps uint8; the same values
+    assert np.array_equal(x, x_keras) and np.array_equal(y, y_keras) and y.dtype == y_keras.dtype
+    assert any("/nested/" in f for f in source.files) and not any(f.endswith(".txt") for f in source.files)
+
+
+def test_a_crash_mid_epoch_resumes_bit_identically_with_images_and_checkpoints_off_the_local_disk(tmp_path):
+    images = write_images("ram://" + str(tmp_path / "images"))  # stands in for gs://, as the checkpoints do
+    directory = "ram://" + str(tmp_path / "ckpt")
+
+    def source():
+        return tfdist.ImageFolderSource(images, image_size=(16, 16))
+
+    reference = _fit(source(), validation_split=0.25)
+    assert reference.tfdist.global_step == 9  # 27 training images: 3 steps of 8 an epoch
+    with pytest.raises(Crash):
+        _fit(source(), validation_split=0.25, checkpoint_dir=directory, save_every_steps=2, callbacks=[crash_after(6)])
+    resumed = _fit(source(), validation_split=0.25, checkpoint_dir=directory, save_every_steps=2)
+    assert resumed.tfdist.start_step == 4 and resumed.tfdist.global_step == 9
+    assert same_weights(resumed.model, reference.model)
+    assert resumed.history["val_loss"] == reference.history["val_loss"]  # the interrupted epochs' too
+    assert reference.history["accuracy"][-1] > reference.history["accuracy"][0]
+    # Other images (another listing) are other data: refused, as for arrays.
+    with pytest.raises(tfdist.CheckpointMismatchError, match="data"):
+        _fit(tfdist.ImageFolderSource(images, image_size=(16, 16), class_names=["dog", "eel"]),
+             checkpoint_dir=directory, epochs=4)
+
+
+def test_the_validation_split_is_fixed_by_the_paths_and_evaluates_every_held_out_image(folder):
+    source = ImageFolderSource(folder, image_size=(16, 16))
+    train, val = source.split(0.25)
+    assert (train.num_examples, val.num_examples) == (27, 9)
+    assert sorted([*train.files, *val.files]) == sorted(source.files)
+    again = ImageFolderSource(folder, image_size=(16, 16), label_mode="categorical").split(0.25)[1]
+    assert list(again.files) == list(val.files)  # not the seed, not the label mode: the paths
+    assert len(set(val.labels.tolist())) > 1  # not the last class's files
+    history = _fit(source, epochs=1, validation_split=0.25)
+    x, y = val.sample(100)
+    evaluated = history.model.evaluate(x, y, verbose=0, return_dict=True)
+    np.testing.assert_allclose(history.history["val_loss"][-1], evaluated["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history.history["val_accuracy"][-1], evaluated["accuracy"], rtol=1e-6)
+
+
+def test_defects_are_named_with_the_fix(tmp_path, folder):
+    with pytest.raises(DataError, match=r"does not exist .*received directory='.*missing'.*Fix"):
+        ImageFolderSource(str(tmp_path / "missing"))
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "a.png").write_bytes(b"")
+    with pytest.raises(DataError, match=r"no class subfolders.*Fix: put each class's images in its own subfolder"):
+        ImageFolderSource(str(tmp_path / "flat"))
+    (tmp_path / "flat" / "cat").mkdir()
+    with pytest.raises(DataError, match=r"holds no images.*classes \['cat'\].*Fix"):
+        ImageFolderSource(str(tmp_path / "flat"))
+    with pytest.raises(DataError, match=r"class_names=\['cow'\] .*subfolders: \['cat', 'dog', 'eel'\].*Fix"):
+        ImageFolderSource(folder, class_names=["cow"])
+    with pytest.raises(DataError, match=r"label_mode='binary' needs exactly 2 classes; received 3.*Fix"):
+        ImageFolderSource(folder, label_mode="binary")
+    with pytest.raises(DataError, match=r"Invalid `image_size`; received image_size=180.*Fix: pass \(height, width\)"):
+        ImageFolderSource(folder, image_size=180)
+    with pytest.raises(DataError, match=r"Invalid `color_mode`; received color_mode='RGB'. Fix: use one of grayscale"):
+        ImageFolderSource(folder, color_mode="RGB")
+    with pytest.raises(DataError, match=r"validation_split=0.99 of 36 images leaves no training images"):
+        ImageFolderSource(folder).split(0.99)
+
+
+def test_a_file_that_is_not_an_image_fails_the_run_naming_the_file(tmp_path, folder):
+    import shutil
+
+    import tensorflow as tf
+
+    broken = str(tmp_path / "broken")
+    shutil.copytree(folder, broken)
+    with open(os.path.join(broken, "dog", "05.png"), "wb") as f:
+        f.write(b"not a png")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"not a BMP, GIF, JPEG or PNG image:.*broken/dog/05.png"):
+        _fit(ImageFolderSource(broken, image_size=(16, 16)), epochs=1, shuffle=False)
+
+
+_MIRRORED = textwrap.dedent(
+    """
+    import json, sys, tempfile
+    import tfdist
+    devices = tfdist.split_cpu(2)
+    from conftest import Crash, crash_after, same_weights
+    from test_data_images import _fit
+
+    folder, directory = sys.argv[1], tempfile.mkdtemp()
+    source = lambda: tfdist.ImageFolderSource(folder, image_size=(16, 16))
+    options = dict(strategy="mirrored", devices=devices, validation_split=0.25)
+    reference = _fit(source(), **options)
+    try:
+        _fit(source(), checkpoint_dir=directory, save_every_steps=2, callbacks=[crash_after(5)], **options)
+    except Crash:
+        pass
+    resumed = _fit(source(), checkpoint_dir=directory, save_every_steps=2, **options)
+    print("RESULT " + json.dumps({"replicas": resumed.tfdist.num_replicas, "from": resumed.tfdist.start_step,
+                                  "same": same_weights(resumed.model, reference.model),
+                                  "val_loss": [resumed.history["val_loss"][-1], reference.history["val_loss"][-1]]}))
+    """
+)
+
+
+def test_under_mirrored_a_crash_resumes_bit_identically_validation_included(procs, folder):
+    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.run([sys.executable, "-c", _MIRRORED, folder], timeout=280, env=environ)
+    assert code == 0, out[-3000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["replicas"] == 2 and result["from"] == 4 and result["same"], result
+    assert result["val_loss"][0] == result["val_loss"][1], result

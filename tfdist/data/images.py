@@ -1,0 +1,225 @@
+"""ImageFolderSource: image files in one folder per class, read by index -- Keras'
+``image_dataset_from_directory`` with an exact global shuffle and exact resume.
+
+The listing is Keras' own: the class names are the sorted subdirectories of ``directory``
+(or ``class_names``, in that order), and each class holds its files with an image suffix
+(``.bmp .gif .jpeg .jpg .png``), found recursively, sorted by folder then name. Example ``i``
+is the ``i``-th file of that listing; epoch ``e`` visits them in the arrays' permutation of
+``(seed, e)``, so a resumed run reads exactly the files the uninterrupted run would have read.
+
+Each image is read and decoded as Keras does (``tf.io.read_file``, ``tf.image.decode_image``,
+``tf.image.resize`` to ``image_size``): float32 pixels of 0-255 (also for ``"nearest"``, where
+Keras keeps uint8: the same values), the labels as ``label_mode``
+says. This is TensorFlow ops in the input pipeline, not Python, so it runs in tf.data's
+threads without the GIL, under every strategy (parameter-server workers read the files by
+path: use storage every worker reaches, such as ``gs://``), on any TensorFlow filesystem.
+
+``validation_split`` (in ``fit``) holds out a fixed part of the files: the last fraction in
+the order of a hash of each file's path under ``directory``, so the split does not depend on
+the seed, stays the same on resume, and keeps each class's share about even.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tfdist import _checks
+from tfdist.errors import DataError
+
+log = logging.getLogger("tfdist")
+
+__all__ = ["ImageFolderSource", "FORMATS"]
+
+FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+"""The file suffixes read as images (Keras' ``ALLOWLIST_FORMATS``), in any case."""
+
+_MAGIC = (b"BM", b"GIF8", b"\xff\xd8\xff", b"\x89PNG")
+"""How the files of each format begin."""
+
+COLOR_MODES = {"grayscale": 1, "rgb": 3, "rgba": 4}
+LABEL_MODES = ("int", "categorical", "binary")
+INTERPOLATIONS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5", "gaussian", "mitchellcubic")
+
+
+def _join(directory: str, name: str) -> str:
+    return directory.rstrip("/") + "/" + name
+
+
+def _listing(directory: str, class_names: Sequence[str] | None) -> tuple[list[str], list[int], tuple[str, ...]]:
+    """(each image's path under ``directory``, its class number, the class names), in Keras' order."""
+    import tensorflow as tf
+
+    gfile = tf.io.gfile
+    if not gfile.isdir(directory):
+        raise DataError(f"the image folder does not exist or is not a directory; received directory={directory!r}. "
+                        "Fix: pass the folder that holds one subfolder per class (directory/<class>/<image>).")
+    subdirs = sorted(name.rstrip("/") for name in gfile.listdir(directory)
+                     if not name.startswith(".") and gfile.isdir(_join(directory, name.rstrip("/"))))
+    if class_names is not None:
+        class_names = tuple(class_names)
+        unknown = sorted(set(class_names) - set(subdirs))
+        if unknown or not class_names or len(set(class_names)) != len(class_names):
+            raise DataError(f"`class_names` must name distinct subfolders of {directory!r}; received "
+                            f"class_names={list(class_names)!r} (subfolders: {subdirs}). Fix: pass some of the "
+                            "subfolders' names, each once, or leave class_names out for all of them.")
+    elif not subdirs:
+        raise DataError(f"the image folder has no class subfolders; received directory={directory!r}. Fix: put each "
+                        "class's images in its own subfolder (directory/<class>/<image>).")
+    names = class_names if class_names is not None else tuple(subdirs)
+    files, labels = [], []
+    for label, name in enumerate(names):
+        top = _join(directory, name)
+        for root, _, filenames in sorted(gfile.walk(top), key=lambda entry: entry[0]):
+            prefix = name + root[len(top):].replace("\\", "/")
+            files += [f"{prefix}/{f}" for f in sorted(filenames) if f.lower().endswith(FORMATS)]
+            labels += [label] * (len(files) - len(labels))
+    if not files:
+        raise DataError(f"the image folder holds no images; received directory={directory!r} with classes "
+                        f"{list(names)}. Fix: put files ending in {', '.join(FORMATS)} in the class subfolders.")
+    return files, labels, names
+
+
+def _check_image_size(image_size: Any) -> tuple[int, int]:
+    if not (isinstance(image_size, (tuple, list)) and len(image_size) == 2 and all(
+            _checks.is_int(v) and v > 0 for v in image_size)):
+        raise DataError(f"Invalid `image_size`; received image_size={image_size!r}. "
+                        "Fix: pass (height, width) in pixels, e.g. (180, 180).")
+    return int(image_size[0]), int(image_size[1])
+
+
+class ImageFolderSource:
+    """The images of ``directory/<class>/...`` with their class as the label (see the module).
+
+    Args:
+      directory: the folder, on any TensorFlow filesystem (a local path, ``gs://...``).
+      image_size: ``(height, width)`` every image is resized to (Keras' default, 256 x 256).
+      color_mode: ``"rgb"`` (3 channels), ``"grayscale"`` (1) or ``"rgba"`` (4).
+      label_mode: ``"int"`` (class numbers, int32), ``"categorical"`` (one-hot float32) or
+        ``"binary"`` (float32 0/1, shape ``(1,)``; two classes only).
+      class_names: the classes to read, in the order that numbers them (default: every
+        subfolder, sorted).
+      interpolation: the ``tf.image.resize`` method (default ``"bilinear"``, as Keras).
+    """
+
+    index_addressable = True
+
+    def __init__(self, directory: str, *, image_size: Sequence[int] = (256, 256), color_mode: str = "rgb",
+                 label_mode: str = "int", class_names: Sequence[str] | None = None,
+                 interpolation: str = "bilinear"):
+        if not isinstance(directory, str) or not directory:
+            raise DataError(f"Invalid `directory`; received directory={directory!r}. Fix: pass the image folder's path.")
+        self.image_size = _check_image_size(image_size)
+        _checks.check_choice("color_mode", color_mode, COLOR_MODES, error=DataError)
+        _checks.check_choice("label_mode", label_mode, LABEL_MODES, error=DataError)
+        _checks.check_choice("interpolation", interpolation, INTERPOLATIONS, error=DataError)
+        self.directory = directory.rstrip("/") or directory
+        self.color_mode, self.label_mode, self.interpolation = color_mode, label_mode, interpolation
+        files, labels, self.class_names = _listing(self.directory, class_names)
+        if label_mode == "binary" and len(self.class_names) != 2:
+            raise DataError(f"label_mode='binary' needs exactly 2 classes; received {len(self.class_names)} in "
+                            f"{self.directory!r} ({list(self.class_names)}). Fix: use label_mode='int' or "
+                            "'categorical', or pass two class_names.")
+        self.files = np.array(files)
+        self.labels = np.array(labels, np.int32)
+        self.name = f"images in {self.directory}"
+        log.info("%s: %d images of %d classes", self.name, len(files), len(self.class_names))
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.files)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def channels(self) -> int:
+        return COLOR_MODES[self.color_mode]
+
+    @property
+    def example_shape(self) -> tuple[int, int, int]:
+        return (*self.image_size, self.channels)
+
+    @property
+    def example_bytes(self) -> int:
+        """Bytes of one decoded example: its float32 pixels and label."""
+        return 4 * (int(np.prod(self.example_shape)) + (self.num_classes if self.label_mode == "categorical" else 1))
+
+    def fingerprint(self) -> str:
+        """The listing and how it is decoded (not the files' bytes: reading them all would be a pass over the data)."""
+        record = [self.files.tolist(), self.labels.tolist(), list(self.class_names), list(self.image_size),
+                  self.color_mode, self.label_mode, self.interpolation]
+        return hashlib.sha256(json.dumps(record).encode()).hexdigest()[:16]
+
+    def _load(self, path: "Any") -> "Any":
+        """One image, as Keras' ``image_dataset_from_directory`` reads it."""
+        import tensorflow as tf
+
+        contents = tf.io.read_file(path)
+        known = tf.reduce_any([tf.equal(tf.strings.substr(contents, 0, len(magic)), magic) for magic in _MAGIC])
+        readable = tf.debugging.Assert(known, ["tfdist: not a BMP, GIF, JPEG or PNG image:", path], summarize=1)
+        with tf.control_dependencies([readable]):  # TensorFlow's own error would not name the file
+            image = tf.image.decode_image(contents, channels=self.channels, expand_animations=False)
+        image = tf.cast(tf.image.resize(image, self.image_size, method=self.interpolation), tf.float32)
+        image.set_shape(self.example_shape)
+        return image
+
+    def _label(self, labels: "Any") -> "Any":
+        import tensorflow as tf
+
+        if self.label_mode == "categorical":
+            return tf.one_hot(labels, self.num_classes, dtype=tf.float32)
+        if self.label_mode == "binary":
+            return tf.cast(labels, tf.float32)[:, None]
+        return labels
+
+    def gather_fn(self, *, embed: bool = False) -> Callable:
+        """``indices -> (images, labels)``: TensorFlow ops only, so the same under every strategy
+        (``embed``, for parameter servers, needs nothing else: the paths are in the graph)."""
+        import tensorflow as tf
+
+        paths = tf.constant([_join(self.directory, f) for f in self.files.tolist()], tf.string)
+        labels = tf.constant(self.labels)
+        spec = tf.TensorSpec(self.example_shape, tf.float32)
+
+        def gather(idx):
+            images = tf.map_fn(self._load, tf.gather(paths, idx), fn_output_signature=spec)
+            return images, self._label(tf.gather(labels, idx))
+
+        return gather
+
+    def sample(self, count: int) -> tuple:
+        """The first ``count`` examples ``(images, labels)``, as NumPy arrays."""
+        import tensorflow as tf
+
+        images, labels = self.gather_fn()(tf.range(min(count, self.num_examples), dtype=tf.int64))
+        return images.numpy(), labels.numpy()
+
+    def split(self, fraction: float) -> tuple["ImageFolderSource", "ImageFolderSource"]:
+        """``validation_split``: (the training files, the last ``fraction`` of the files in the order
+        of their paths' hashes), each in the listing's order (see the module)."""
+        from tfdist.data.arrays import check_validation_split
+
+        check_validation_split(fraction)
+        n = self.num_examples
+        cut = int(np.floor(n * (1.0 - fraction)))
+        if cut == 0 or cut == n:
+            part = "training" if cut == 0 else "validation"
+            raise DataError(f"validation_split={fraction!r} of {n} images leaves no {part} images; received "
+                            f"{self.name}. Fix: pass a fraction that leaves both parts at least one image.")
+        keys = [hashlib.sha256(f.encode()).digest() for f in self.files.tolist()]
+        by_hash = np.array(sorted(range(n), key=keys.__getitem__))
+        return (self._subset(np.sort(by_hash[:cut]), "training"),
+                self._subset(np.sort(by_hash[cut:]), "validation"))
+
+    def _subset(self, indices: np.ndarray, part: str) -> "ImageFolderSource":
+        subset = copy.copy(self)
+        subset.files, subset.labels = self.files[indices], self.labels[indices]
+        subset.name = f"{self.name} ({part}: {len(indices)})"
+        return subset

@@ -171,6 +171,13 @@ def test_invalid_data_is_refused_with_the_fix():
 
     with pytest.raises(DataError, match="same first dimension"):
         data.ArraySource(np.zeros((3, 2)), np.zeros(4))
+    # A list of one label per example is one array, NumPy's scalars included (not 8 outputs)...
+    labels = np.arange(8) % 2
+    assert np.array_equal(data.ArraySource(np.zeros((8, 2)), list(labels)).y, labels)
+    # ...and a message about many arrays names the first few, not every one.
+    with pytest.raises(DataError, match=r"y\[4\] of shape \(2,\), \.\.\. \(9 arrays in all\)\. Fix") as raised:
+        data.ArraySource(np.zeros((3, 2)), [np.zeros(2)] * 8)
+    assert "y[5]" not in str(raised.value)
     with pytest.raises(DataError, match="before .batch"):
         data.StreamSource(tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4))).batch(2))
     with pytest.raises(DataError, match="unknown data"):

@@ -41,10 +41,11 @@ def hash_arrays(*arrays: np.ndarray) -> str:
 
 def _as_arrays(value: Any) -> Any:
     """``value`` as a nest of NumPy arrays: dicts and lists/tuples of arrays are several inputs (as
-    Keras reads them); anything else (an array, a tensor, a list of numbers) is one array."""
+    Keras reads them); anything else (an array, a tensor, a list of numbers, NumPy's included) is one array."""
     if isinstance(value, dict):
         return {key: _as_arrays(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) or hasattr(v, "shape") for v in value):
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) or getattr(v, "ndim", 0) >= 1
+                                                          for v in value):
         return type(value)(_as_arrays(v) for v in value)
     return np.asarray(value)
 
@@ -104,7 +105,9 @@ class ArraySource:
         self._element = (self.x, self.y) if self.sample_weight is None else (self.x, self.y, self.sample_weight)
         self._paths: list[str] = tf.nest.flatten(_named(self._element, ("x", "y", "sample_weight")))
         self._leaves: list[np.ndarray] = tf.nest.flatten(self._element)
-        shapes = ", ".join(f"{path} of shape {leaf.shape}" for path, leaf in zip(self._paths, self._leaves))
+        shapes = ", ".join(f"{path} of shape {leaf.shape}" for path, leaf in zip(self._paths[:6], self._leaves))
+        if len(self._leaves) > 6:
+            shapes += f", ... ({len(self._leaves)} arrays in all)"
         if any(leaf.ndim == 0 for leaf in self._leaves) or len({len(leaf) for leaf in self._leaves}) != 1:
             raise DataError(
                 f"`data` must be (x, y) or (x, y, sample_weight) with one row per example in every array; received "

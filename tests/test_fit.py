@@ -9,7 +9,8 @@ import pytest
 
 import tfdist
 from tfdist import models
-from tfdist.errors import BatchSizeError, ModelError
+from tfdist.data import load_digits
+from tfdist.errors import BatchSizeError, DataError, ModelError
 
 from conftest import base_env
 
@@ -47,6 +48,18 @@ def test_same_seed_with_determinism_gives_identical_weights():
     runs = [tfdist.fit(CNN, "digits", epochs=1, batch_size=128, strategy="one_device", seed=5, deterministic=True,
                        verbose=0).model.get_weights() for _ in range(2)]
     assert all(np.array_equal(a, b) for a, b in zip(*runs))
+
+
+def test_x_and_y_passed_as_to_keras_fit_train_as_the_pair():
+    x, y = load_digits()[0].sample(320)
+    options = dict(epochs=1, batch_size=64, strategy="one_device", seed=5, deterministic=True, verbose=0)
+    separate = tfdist.fit(_linear_sgd, x, y, **options)
+    paired = tfdist.fit(_linear_sgd, (x, y), **options)
+    assert separate.tfdist.global_step == 5
+    assert all(np.array_equal(a, b) for a, b in zip(separate.model.get_weights(), paired.model.get_weights()))
+    with pytest.raises(DataError, match=r"`y` is given with data that holds its own labels; received data of type "
+                                        r"str\. Fix: leave y out"):
+        tfdist.fit(_linear_sgd, "digits", y, **options)
 
 
 def test_a_compiled_model_created_outside_the_scope_is_rebuilt_with_its_weights(caplog):

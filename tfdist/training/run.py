@@ -41,6 +41,7 @@ log = logging.getLogger("tfdist")
 def fit(
     model: Any,
     data: Any,
+    y: Any = None,
     *,
     epochs: int = 1,
     batch_size: int | None = None,
@@ -90,6 +91,7 @@ def fit(
         path to an ``.npz`` with ``x`` and ``y``.
         As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or
         outputs), and a third element ``sample_weight`` weighs each example.
+      y: as Keras' ``model.fit(x, y)``: ``fit(model, x, y)`` is ``fit(model, (x, y))``.
       validation_data: data in any form ``data`` takes, evaluated after every
         ``validation_freq``-th epoch (as in Keras). validation_split: as in Keras, the last
         fraction of in-memory arrays (taken before shuffling) held out as validation data; of
@@ -108,6 +110,8 @@ def fit(
     with code 75 (``tfdist.env.EXIT_PREEMPTED``); running the same call again resumes.
     """
     wall_start = time.monotonic()
+    if y is not None:
+        data = _with_labels(data, y)
     _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks,
                      validation_freq=validation_freq)
     options = _checkpoint_options(
@@ -186,6 +190,17 @@ def _check_arguments(*, model, epochs, grad_accum_steps, callbacks, validation_f
                       fix="pass the number of epochs between validations, e.g. validation_freq=2.")
     model_mod.check_argument(model)
     model_mod.check_callbacks(callbacks)
+
+
+def _with_labels(x, y) -> tuple:
+    """Keras' ``fit(x, y)``: ``(x, y)``, for arrays only (any other data holds its own labels)."""
+    from tfdist.data.pydataset import is_pydataset
+
+    # A name, a tfdist source, a tf.data.Dataset, a Keras PyDataset.
+    if isinstance(x, str) or callable(getattr(x, "fingerprint", None)) or hasattr(x, "element_spec") or is_pydataset(x):
+        raise DataError(f"`y` is given with data that holds its own labels; received data of type {type(x).__name__}. "
+                        "Fix: leave y out, or pass arrays as x: fit(model, x, y).")
+    return x, y
 
 
 def _checkpoint_options(checkpoint_dir, **kwargs) -> CheckpointOptions | None:

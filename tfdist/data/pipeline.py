@@ -237,11 +237,17 @@ def _array_dataset_fn(source: Source, plan: DataPlan, *, start_step, stop_step, 
         # from the training loop's thread), each step's examples unchanged.
         steps = steps_per_read(source.example_bytes * length)
 
-        def read(indices):  # [steps, local replicas, per replica] -> the examples, in that shape
-            return tf.nest.map_structure(lambda t: _unflatten(t, indices), gather(tf.reshape(indices, [-1])))
+        batches = steps * local_replicas  # per-replica batches of one read
+
+        def read(indices):  # [steps, local replicas, per replica] -> [steps x local replicas, per replica, ...]
+            rows = tf.reshape(indices, [-1, per_replica])  # the epoch's last read may hold fewer steps
+            examples = tf.nest.map_structure(lambda t: _unflatten(t, rows), gather(tf.reshape(indices, [-1])))
+            # One read of one batch needs no unbatch (each unbatch copies every example).
+            return examples if batches > 1 else tf.nest.map_structure(lambda t: t[0], examples)
 
         ds = epochs.flat_map(epoch_dataset).batch(steps)
-        return ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch().unbatch()
+        ds = ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.unbatch() if batches > 1 else ds
 
     return make
 

@@ -11,6 +11,9 @@ command again, which resumes. Both save every 5 steps. Four scenarios:
   whose patience counters live in Python;
 * ``pydataset``: as ``plain``, but the data is a Keras ``PyDataset`` (tf_keras: ``Sequence``) of
   batches of 128 over the same arrays, the form of file-reading data most Keras users write;
+* ``images``: as ``plain``, but the data is the same digits as PNG files in one folder per
+  class: ``tfdist.ImageFolderSource`` against Keras' ``image_dataset_from_directory``
+  (shuffled, seed 0), the model rescaling the 0-255 pixels first;
 * ``ctrl-c``: as ``plain``, but the run is stopped by Ctrl-C (SIGINT, a terminal's or a
   notebook's interrupt) instead of SIGKILL, and each tool saves as it does by default: at
   epoch ends (tfdist's default; ``BackupAndRestore(save_freq="epoch")``, Keras' default).
@@ -41,7 +44,7 @@ TOOLS = {
     "Keras 3 BackupAndRestore": ("keras_bar", "keras"),
     "tf_keras BackupAndRestore": ("keras_bar", "tf_keras"),
 }
-SCENARIOS = ("plain", "callbacks", "pydataset", "ctrl-c")
+SCENARIOS = ("plain", "callbacks", "pydataset", "images", "ctrl-c")
 EPOCHS, BATCH, SAVE_EVERY = 6, 128, 5
 
 
@@ -58,15 +61,18 @@ def _data():
     return (x[:1440], y[:1440]), (x[1440:], y[1440:])
 
 
-def _build(keras_name: str):
+def _build(keras_name: str, *, pixels: bool = False):
     """tfdist's built-in residual CNN (input noise, BatchNormalization, Dropout) on SGD with
-    momentum: a float learning rate, which ReduceLROnPlateau can change."""
+    momentum: a float learning rate, which ReduceLROnPlateau can change. ``pixels``: its input
+    is 0-255 pixels, rescaled first."""
     from tfdist import models
 
     def make():
         version = "3" if keras_name == "keras" else "2"
         model = models.build("resnet", input_shape=(8, 8, 1), num_classes=10, keras=version)
         keras = models.keras_module(version)
+        if pixels:
+            model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Rescaling(1 / 255), model])
         model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         return model
@@ -87,6 +93,33 @@ def _batches(keras, x, y):
             return x[part], y[part]
 
     return Batches()
+
+
+def _write_images(folder: str) -> None:
+    """The training digits as 8 x 8 grayscale PNG files, ``folder/<digit>/<n>.png``."""
+    import numpy as np
+    import tensorflow as tf
+
+    (x, y), _ = _data()
+    for n, (image, label) in enumerate(zip(x, y)):
+        os.makedirs(os.path.join(folder, str(label)), exist_ok=True)
+        tf.io.write_file(os.path.join(folder, str(label), f"{n:04d}.png"),
+                         tf.io.encode_png(np.round(image * 255).astype(np.uint8)))
+
+
+def _image_data(keras, spec: dict):
+    """(training data, validation arrays in 0-255 pixels) of the images scenario, for the tool of ``spec``."""
+    import numpy as np
+
+    _, (x_val, y_val) = _data()
+    validation = (np.round(x_val * 255).astype("float32"), y_val)
+    if spec["tool"] == "tfdist":
+        import tfdist
+
+        return tfdist.ImageFolderSource(spec["images"], image_size=(8, 8), color_mode="grayscale"), validation
+    quiet = {"verbose": False} if spec["keras"] == "keras" else {}  # tf_keras' has no verbose
+    return keras.utils.image_dataset_from_directory(spec["images"], image_size=(8, 8), color_mode="grayscale",
+                                                    batch_size=BATCH, shuffle=True, seed=0, **quiet), validation
 
 
 def _signal(scenario: str) -> signal.Signals:
@@ -120,6 +153,9 @@ def child(spec: dict) -> None:
     keras = __import__(spec["keras"])
     (x, y), validation = _data()
     data = _batches(keras, x, y) if spec["scenario"] == "pydataset" else (x, y)
+    if spec["scenario"] == "images":
+        data, validation = _image_data(keras, spec)
+    build = _build(spec["keras"], pixels=spec["scenario"] == "images")
     cbs, counter = _callbacks(keras, spec["scenario"], spec.get("kill_at"))
     directory = spec["dir"]
     every = None if spec["scenario"] == "ctrl-c" else SAVE_EVERY  # None: each tool's default, at epoch ends
@@ -127,16 +163,16 @@ def child(spec: dict) -> None:
     if spec["tool"] == "tfdist":
         import tfdist
 
-        history = tfdist.fit(_build(spec["keras"]), data, validation_data=validation, epochs=EPOCHS, batch_size=BATCH,
+        history = tfdist.fit(build, data, validation_data=validation, epochs=EPOCHS, batch_size=BATCH,
                              seed=0, deterministic=True, strategy="one_device", verbose=0,
                              checkpoint_dir=os.path.join(directory, "ckpt"), save_every_steps=every,
                              callbacks=[*cbs, counter()])
     else:
         keras.utils.set_random_seed(0)
         tf.config.experimental.enable_op_determinism()
-        model = _build(spec["keras"])()
+        model = build()
         backup = keras.callbacks.BackupAndRestore(os.path.join(directory, "backup"), save_freq=every or "epoch")
-        arrays = {"x": data} if spec["scenario"] == "pydataset" else {"x": x, "y": y, "batch_size": BATCH}
+        arrays = {"x": data} if spec["scenario"] in ("pydataset", "images") else {"x": x, "y": y, "batch_size": BATCH}
         history = model.fit(**arrays, validation_data=validation, epochs=EPOCHS, shuffle=True,
                             verbose=0, callbacks=[*cbs, backup, counter()])
     model = history.model
@@ -168,11 +204,11 @@ def _weights(directory: str) -> list:
         return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
 
 
-def compare(tool: str, scenario: str, kill_at: int, root: str) -> dict:
+def compare(tool: str, scenario: str, kill_at: int, root: str, images: str) -> dict:
     import numpy as np
 
     kind, keras = TOOLS[tool]
-    base = {"tool": kind, "keras": keras, "scenario": scenario}
+    base = {"tool": kind, "keras": keras, "scenario": scenario, "images": images}
     ref_dir, int_dir = os.path.join(root, "reference"), os.path.join(root, "interrupted")
     os.makedirs(ref_dir), os.makedirs(int_dir)
     reference = _common.run_child(__file__, {**base, "dir": ref_dir})
@@ -202,9 +238,12 @@ def main() -> None:
     scenarios = ["plain"] if args.quick else args.scenarios
     results = []
     with tempfile.TemporaryDirectory(prefix="tfdist-fidelity-") as tmp:
+        images = os.path.join(tmp, "images")
+        if "images" in scenarios:
+            _write_images(images)
         for scenario in scenarios:
             for i, tool in enumerate(tools):
-                result = compare(tool, scenario, args.kill_at, os.path.join(tmp, f"{scenario}-{i}"))
+                result = compare(tool, scenario, args.kill_at, os.path.join(tmp, f"{scenario}-{i}"), images)
                 print(json.dumps(result), flush=True)
                 results.append(result)
     rows = [
@@ -220,6 +259,8 @@ def main() -> None:
                 "Final learning rate", "Batches trained (never interrupted → both processes)"),
         notes=[f"SIGKILL after global batch {args.kill_at}; saves every {SAVE_EVERY} steps; {EPOCHS} epochs of "
                f"batch {BATCH} on 1440 digits (tfdist drops the last partial batch: 11 steps an epoch, Keras 12).",
+               "images: the training digits as PNG files in class folders (tfdist.ImageFolderSource; Keras' "
+               "image_dataset_from_directory, shuffled with seed 0), validation on the same arrays in 0-255 pixels.",
                f"ctrl-c: SIGINT after global batch {args.kill_at}; saves at epoch ends only (each tool's default)."],
     )
 

@@ -111,3 +111,38 @@ def test_train_writes_the_trained_model_as_a_keras_file_that_loads_and_scores_as
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "ends in .keras" in err and "model.h5" in err and "Fix:" in err, err
     assert not (tmp_path / "d").exists()  # refused before anything was trained or written
+
+
+@pytest.mark.timeout(240)
+def test_train_reads_a_folder_of_images_resized_and_rescaled_for_the_built_in_model(tmp_path, capsys):
+    import json
+
+    import keras
+
+    from test_data_images import write_images
+    from tfdist.cli import main
+    from tfdist.cli.train import _image_size
+    from tfdist.data import ImageFolderSource
+
+    assert _image_size("96x128") == (96, 128) and _image_size("64") == (64, 64)
+    for bad in ("0", "axb", "1x2x3", ""):
+        with pytest.raises(SystemExit) as info:
+            main(["train", f"--image-size={bad}"])
+        assert info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "expected HEIGHTxWIDTH" in err and repr(bad) in err, err
+    assert main(["train", "--image-size", "16", "--output-dir", str(tmp_path / "digits")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "an image size applies to a folder of images only; received data='digits'" in err and "Fix:" in err, err
+
+    folder = write_images(str(tmp_path / "images"))
+    out, summary = tmp_path / "run", tmp_path / "summary.json"
+    assert main(["train", "--data", folder, "--image-size", "16x12", "--epochs", "2", "--batch-size", "8",
+                 "--verbose", "0", "--output-dir", str(out), "--summary-json", str(summary)]) == 0
+    record = json.loads(summary.read_text())
+    assert record["global_step"] == 2 * (28 // 8)  # 36 images, 8 of them (a fixed fifth) held out for validation
+    assert record["val_accuracy"] is not None
+    model = keras.models.load_model(out / "model.keras")
+    assert model.input_shape == (None, 16, 12, 3) and model.output_shape == (None, 3)
+    images, _ = ImageFolderSource(folder, image_size=(16, 12)).sample(4)  # 0-255: the model rescales them
+    assert np.isfinite(model.predict(images, verbose=0)).all()

@@ -127,15 +127,19 @@ def compile_default(model, *, learning_rate: float = 1e-3, decay: bool = False, 
 
 
 def builder(name: str, *, input_shape: Sequence[int], num_classes: int, learning_rate: float = 1e-3,
-            keras: str = DEFAULT_KERAS) -> Callable:
-    """A function that builds and compiles the built-in model, for `tfdist.fit(model=...)`."""
+            keras: str = DEFAULT_KERAS, rescale: float | None = None) -> Callable:
+    """A function that builds and compiles the built-in model, for `tfdist.fit(model=...)`;
+    ``rescale``: its inputs are multiplied by this first (e.g. ``1 / 255`` for 0-255 pixels)."""
     if name not in MODELS:
         raise ModelError(f"unknown built-in model; received model={name!r}. Fix: use one of {', '.join(MODELS)}.")
     keras_module(keras)  # refuses an unknown version now
 
     def build_and_compile():
-        return compile_default(build(name, input_shape=input_shape, num_classes=num_classes, keras=keras),
-                               learning_rate=learning_rate, decay=name in DECAYING, keras=keras)
+        model = build(name, input_shape=input_shape, num_classes=num_classes, keras=keras)
+        if rescale is not None:
+            k = keras_module(keras)
+            model = k.Sequential([k.Input(tuple(input_shape)), k.layers.Rescaling(rescale), model], name=model.name)
+        return compile_default(model, learning_rate=learning_rate, decay=name in DECAYING, keras=keras)
 
     build_and_compile.__name__ = f"build_{name}"
     return build_and_compile

@@ -30,6 +30,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _image_size(text: str) -> tuple[int, int]:
+    """``64`` -> ``(64, 64)``; ``96x128`` -> ``(96, 128)`` (height x width)."""
+    parts = text.lower().split("x")
+    try:
+        size = tuple(int(part) for part in parts)
+        if len(size) not in (1, 2) or min(size) < 1:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH or one side in pixels, e.g. 180x180 or 180; "
+                                         f"received {text!r}") from None
+    return (size[0], size[-1])
+
+
 def _class_weight(text: str) -> dict[int, float]:
     """``0=1,1=5.5`` -> ``{0: 1.0, 1: 5.5}``."""
     weights = {}
@@ -83,13 +96,18 @@ def register(subparsers) -> None:
                        f"default {DEFAULT_KERAS}")
     model.add_argument("--data", default="digits", metavar="DATA", nargs="+",
                        help="'digits' (bundled, default), 'tfds:NAME' (prepared in TFDS_DATA_DIR), a path to an .npz "
-                       "with x and y, or TFRecord files with --features: paths or a glob, quoted or expanded by the shell "
-                       "(e.g. DIR/train-*.tfrecord; several files are read in sorted order, as a glob's matches)")
+                       "with x and y, a folder of images in one subfolder per class (as Keras' "
+                       "image_dataset_from_directory reads; a fixed fifth of the files validates), or TFRecord files with "
+                       "--features: paths or a glob, quoted or expanded by the shell (e.g. DIR/train-*.tfrecord; several "
+                       "files are read in sorted order, as a glob's matches)")
+    model.add_argument("--image-size", type=_image_size, default=None, metavar="HxW",
+                       help="the size every image of a --data folder is resized to, e.g. 180x180 (default 256x256)")
     model.add_argument("--features", default=None, metavar="SPEC",
                        help="how to parse TFRecord --data: a JSON feature spec (x, y, num_classes; see tfdist.data.features) "
                        "or tfds:NAME (that data set's features)")
     model.add_argument("--validation-data", default=None, metavar="FILES", nargs="+",
-                       help="TFRecord validation files (paths or a glob, quoted or not), parsed with --features")
+                       help="TFRecord validation files (paths or a glob, quoted or not), parsed with --features; or, "
+                       "for a folder of images, the folder of validation images")
     model.add_argument("--validation-freq", type=_positive_int, default=1, metavar="N",
                        help="validate after every N-th epoch (default 1)")
     model.add_argument("--class-weight", type=_class_weight, default=None, metavar="C=W,...",
@@ -185,14 +203,15 @@ def run_command(args: argparse.Namespace) -> int:
     # The record index of read-only data directories is cached next to the checkpoints.
     train, validation = data_mod.load(_one_or_files(args.data, "--data"), features=args.features,
                                       validation=_one_or_files(args.validation_data, "--validation-data"),
-                                      cache_dir=checkpoint_dir)
+                                      cache_dir=checkpoint_dir, image_size=args.image_size)
     num_classes = data_mod.num_classes(train, validation)
+    pixels = isinstance(train, data_mod.ImageFolderSource)  # 0-255: the model rescales them first
 
     def builder():
         # Called by fit once the strategy exists: reading a file source's example shape runs
         # TensorFlow ops, which must not start before a multi-worker strategy is created.
         return models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
-                              learning_rate=args.learning_rate, keras=args.keras)()
+                              learning_rate=args.learning_rate, keras=args.keras, rescale=1 / 255 if pixels else None)()
 
     builder.__name__ = f"build_{args.model}"
     if cluster.task_type == cluster_mod.EVALUATOR:

@@ -14,7 +14,11 @@ from tfdist.data.pydataset import PyDatasetSource, is_pydataset
 from tfdist.data.stream import StreamSource
 from tfdist.errors import DataError
 
-DATA_FORMS = "'digits', 'tfds:NAME', a path to an .npz file, or a TFRecord glob with a feature spec"
+DATA_FORMS = ("'digits', 'tfds:NAME', a path to an .npz file, a folder of images in class subfolders, or a "
+              "TFRecord glob with a feature spec")
+DEFAULT_IMAGE_SIZE = (256, 256)
+"""Every image is resized to this unless told otherwise (Keras' default)."""
+IMAGE_VALIDATION_FRACTION = 0.2
 
 
 def _split(x: np.ndarray, y: np.ndarray, validation_fraction: float, name: str) -> tuple[ArraySource, ArraySource]:
@@ -98,9 +102,25 @@ def load_files(pattern: str | list[str], features: str, *, validation: str | lis
     return train, val
 
 
+def load_images(directory: str, *, validation: str | None = None,
+                image_size: tuple[int, int] | None = None) -> tuple[ImageFolderSource, ImageFolderSource]:
+    """A folder of images in class subfolders: (training, validation), the validation images from
+    their own folder (the same classes) or a fixed fifth of the files (``ImageFolderSource.split``)."""
+    train = ImageFolderSource(directory, image_size=image_size or DEFAULT_IMAGE_SIZE)
+    if validation is None:
+        return train.split(IMAGE_VALIDATION_FRACTION)
+    return train, ImageFolderSource(validation, image_size=train.image_size, class_names=train.class_names)
+
+
 def names_a_data_set(spec: str) -> bool:
     """Whether ``--data`` names a whole data set (``digits``, ``tfds:NAME``, an ``.npz``), not TFRecord files."""
     return spec == "digits" or spec.startswith("tfds:") or spec.endswith(".npz")
+
+
+def _is_folder(spec: str) -> bool:
+    import tensorflow as tf
+
+    return tf.io.gfile.isdir(spec)
 
 
 def _needs_features(received: str) -> DataError:
@@ -109,12 +129,18 @@ def _needs_features(received: str) -> DataError:
 
 
 def load(spec: str | list[str], *, features: str | None = None, validation: str | list[str] | None = None,
-         cache_dir: str | None = None) -> tuple[Any, Any]:
-    """Resolves the CLI's ``--data``: ``digits``, ``tfds:NAME``, a path to an ``.npz``, or TFRecord files.
+         cache_dir: str | None = None, image_size: tuple[int, int] | None = None) -> tuple[Any, Any]:
+    """Resolves the CLI's ``--data``: ``digits``, ``tfds:NAME``, a path to an ``.npz``, a folder of
+    images in class subfolders, or TFRecord files.
 
     TFRecord files (a path, a glob, or a list of paths) need ``features``: a JSON feature spec (see
-    ``tfdist.data.features``) or ``tfds:NAME``; ``validation`` names validation files.
+    ``tfdist.data.features``) or ``tfds:NAME``; ``validation`` names validation files (or, for
+    images, the folder of validation images). ``image_size`` applies to images only.
     """
+    if image_size is not None and not (isinstance(spec, str) and features is None and _is_folder(spec)):
+        raise DataError(f"an image size applies to a folder of images only; received data={spec!r} with image size "
+                        f"{image_size[0]}x{image_size[1]}. Fix: drop the image size, or pass a folder of images in "
+                        "class subfolders.")
     if isinstance(spec, (list, tuple)) and spec and all(isinstance(p, str) for p in spec):  # TFRecord files
         if features is None:
             raise _needs_features(f"{len(spec)} files")
@@ -140,6 +166,11 @@ def load(spec: str | list[str], *, features: str | None = None, validation: str 
     if features is None:
         import tensorflow as tf
 
+        if _is_folder(spec):
+            if isinstance(validation, list):
+                raise DataError(f"validation images are one folder; received {len(validation)} paths. Fix: pass the "
+                                "folder of validation images in class subfolders.")
+            return load_images(spec, validation=validation, image_size=image_size)
         looks_like_files = any(c in spec for c in "*?[") or tf.io.gfile.exists(spec)
         if looks_like_files:
             raise _needs_features(f"data={spec!r}")

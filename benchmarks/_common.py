@@ -235,6 +235,17 @@ class Turns:
         self.conn.send(("result", result))
 
 
+def time_batches(dataset: Any, *, warmup: int, batches: int) -> float:
+    """Seconds to take ``batches`` elements of ``dataset``, after ``warmup`` elements not timed."""
+    it = iter(dataset)
+    for _ in range(warmup):
+        next(it)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return time.perf_counter() - start
+
+
 def emit(result: dict[str, Any]) -> None:
     """What a child prints for ``run_child``."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)

@@ -159,13 +159,7 @@ def child(spec: dict) -> None:
             ds = (tf.data.TFRecordDataset(files, num_parallel_reads=4).shuffle(10_000, seed=0)
                   .batch(BATCH, drop_remainder=True).map(parse_batch, num_parallel_calls=tf.data.AUTOTUNE)
                   .prefetch(tf.data.AUTOTUNE))
-        it = iter(ds)
-        for _ in range(spec["warmup"]):
-            next(it)
-        start = time.perf_counter()
-        for _ in range(spec["batches"]):
-            x, _y = next(it)
-        seconds = time.perf_counter() - start
+        seconds = _common.time_batches(ds, warmup=spec["warmup"], batches=spec["batches"])
         _common.emit({"examples_per_sec": spec["batches"] * BATCH / seconds, "seconds": seconds,
                       "peak_rss_gb": _peak_rss_gb()})
     elif part == "b":

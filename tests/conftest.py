@@ -173,3 +173,21 @@ def crash_after(step: int, keras_name: str = "keras"):
                 raise Crash(f"crashed after step {step} of this run")
 
     return CrashAfter()
+
+
+def crash_and_resume(fit, data, *, crash_at: int, save_every: int, **options) -> dict:
+    """``fit(data(), **options)`` never interrupted; then crashed after step ``crash_at`` with saves
+    every ``save_every`` steps, and run again. Returns what the tests compare: the resumed run's
+    replicas and first step, whether its weights are the uninterrupted run's, both last val_losses."""
+    import tempfile
+
+    directory = tempfile.mkdtemp()
+    reference = fit(data(), **options)
+    try:
+        fit(data(), checkpoint_dir=directory, save_every_steps=save_every, callbacks=[crash_after(crash_at)], **options)
+    except Crash:
+        pass
+    resumed = fit(data(), checkpoint_dir=directory, save_every_steps=save_every, **options)
+    return {"replicas": resumed.tfdist.num_replicas, "from": resumed.tfdist.start_step,
+            "same": same_weights(resumed.model, reference.model),
+            "val_loss": [resumed.history["val_loss"][-1], reference.history["val_loss"][-1]]}

@@ -160,24 +160,16 @@ def test_a_file_that_is_not_an_image_fails_the_run_naming_the_file(tmp_path, fol
 
 _MIRRORED = textwrap.dedent(
     """
-    import json, sys, tempfile
+    import json, sys
     import tfdist
     devices = tfdist.split_cpu(2)
-    from conftest import Crash, crash_after, same_weights
+    from conftest import crash_and_resume
     from test_data_images import _fit
 
-    folder, directory = sys.argv[1], tempfile.mkdtemp()
-    source = lambda: tfdist.ImageFolderSource(folder, image_size=(16, 16))
-    options = dict(strategy="mirrored", devices=devices, validation_split=0.25)
-    reference = _fit(source(), **options)
-    try:
-        _fit(source(), checkpoint_dir=directory, save_every_steps=2, callbacks=[crash_after(5)], **options)
-    except Crash:
-        pass
-    resumed = _fit(source(), checkpoint_dir=directory, save_every_steps=2, **options)
-    print("RESULT " + json.dumps({"replicas": resumed.tfdist.num_replicas, "from": resumed.tfdist.start_step,
-                                  "same": same_weights(resumed.model, reference.model),
-                                  "val_loss": [resumed.history["val_loss"][-1], reference.history["val_loss"][-1]]}))
+    folder = sys.argv[1]
+    result = crash_and_resume(_fit, lambda: tfdist.ImageFolderSource(folder, image_size=(16, 16)), crash_at=5,
+                              save_every=2, strategy="mirrored", devices=devices, validation_split=0.25)
+    print("RESULT " + json.dumps(result))
     """
 )
 

@@ -244,24 +244,15 @@ def test_a_dataset_batch_the_replicas_do_not_divide_is_refused_with_the_fix():
 
 _MIRRORED = textwrap.dedent(
     """
-    import json, tempfile
+    import json
     import tfdist
     devices = tfdist.split_cpu(2)
-    from conftest import Crash, crash_after, same_weights
+    from conftest import crash_and_resume
     from test_data_pydataset import X, Y, _fit, batches
 
-    directory = tempfile.mkdtemp()
-    options = dict(strategy="mirrored", devices=devices, epochs=2,
-                   validation_data=batches(x=X[:50], y=Y[:50], batch=16))
-    reference = _fit(batches(), **options)
-    try:
-        _fit(batches(), checkpoint_dir=directory, save_every_steps=5, callbacks=[crash_after(17)], **options)
-    except Crash:
-        pass
-    resumed = _fit(batches(), checkpoint_dir=directory, save_every_steps=5, **options)
-    print("RESULT " + json.dumps({"replicas": resumed.tfdist.num_replicas, "from": resumed.tfdist.start_step,
-                                  "same": same_weights(resumed.model, reference.model),
-                                  "val_loss": [resumed.history["val_loss"][-1], reference.history["val_loss"][-1]]}))
+    result = crash_and_resume(_fit, batches, crash_at=17, save_every=5, strategy="mirrored", devices=devices, epochs=2,
+                              validation_data=batches(x=X[:50], y=Y[:50], batch=16))
+    print("RESULT " + json.dumps(result))
     """
 )
 

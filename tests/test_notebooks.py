@@ -77,6 +77,8 @@ def test_quickstart(kernel_path, tmp_path, monkeypatch):
     assert result["auto_strategy"] == result["one_device_strategy"]
     assert result["epochs"] >= 2
     assert result["mirrored_val_accuracy"] > 0.5  # it learned something
+    # The model saved with tfdist.save_model and loaded back scores what the run reported.
+    assert result["saved_model_val_accuracy"] == pytest.approx(result["one_device_val_accuracy"], abs=1e-6)
     assert_nothing_written(tmp_path)
 
 

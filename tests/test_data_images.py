@@ -143,6 +143,16 @@ def test_defects_are_named_with_the_fix(tmp_path, folder):
         ImageFolderSource(folder, color_mode="RGB")
     with pytest.raises(DataError, match=r"validation_split=0.99 of 36 images leaves no training images"):
         ImageFolderSource(folder).split(0.99)
+    # A validation folder without one of the classes would number the others differently.
+    import shutil
+
+    partial = str(tmp_path / "validation")
+    shutil.copytree(os.path.join(folder, "cat"), os.path.join(partial, "cat"))
+    shutil.copytree(os.path.join(folder, "eel"), os.path.join(partial, "eel"))
+    with pytest.raises(DataError, match=r"classes are not the training images'; received \['cat', 'eel'\] .* for "
+                                        r"\['cat', 'dog', 'eel'\].*Fix: give the validation folder the same class"):
+        _fit(ImageFolderSource(folder, image_size=(16, 16)), epochs=1,
+             validation_data=ImageFolderSource(partial, image_size=(16, 16)))
 
 
 def test_a_file_that_is_not_an_image_fails_the_run_naming_the_file(tmp_path, folder):

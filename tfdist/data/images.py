@@ -34,7 +34,7 @@ from tfdist.errors import DataError
 
 log = logging.getLogger("tfdist")
 
-__all__ = ["ImageFolderSource", "FORMATS"]
+__all__ = ["ImageFolderSource", "FORMATS", "check_same_classes"]
 
 FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 """The file suffixes read as images (Keras' ``ALLOWLIST_FORMATS``), in any case."""
@@ -223,3 +223,16 @@ class ImageFolderSource:
         subset.files, subset.labels = self.files[indices], self.labels[indices]
         subset.name = f"{self.name} ({part}: {len(indices)})"
         return subset
+
+
+def check_same_classes(train: Any, validation: Any) -> None:
+    """Refuses a validation image folder whose classes are not the training folder's: each folder
+    numbers its classes by its own subfolders, so other classes would be scored as other labels."""
+    if not (isinstance(train, ImageFolderSource) and isinstance(validation, ImageFolderSource)):
+        return
+    if train.class_names != validation.class_names:
+        raise DataError(
+            f"the validation images' classes are not the training images'; received {list(validation.class_names)} in "
+            f"{validation.directory!r} for {list(train.class_names)} in {train.directory!r}. Fix: give the validation "
+            f"folder the same class subfolders, or pass class_names={list(train.class_names)!r} to both sources."
+        )

@@ -270,6 +270,7 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     )
     log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), plan.steps_per_epoch, epochs)
     validation = data_mod.as_source(validation_data) if validation_data is not None else None
+    data_mod.check_same_classes(source, validation)
     return _Shape(source=source, validation=validation, sizes=sizes, plan=plan, class_weight=class_weight,
                   validation_freq=validation_freq)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import textwrap
 
@@ -144,8 +145,6 @@ def test_defects_are_named_with_the_fix(tmp_path, folder):
     with pytest.raises(DataError, match=r"validation_split=0.99 of 36 images leaves no training images"):
         ImageFolderSource(folder).split(0.99)
     # A validation folder without one of the classes would number the others differently.
-    import shutil
-
     partial = str(tmp_path / "validation")
     shutil.copytree(os.path.join(folder, "cat"), os.path.join(partial, "cat"))
     shutil.copytree(os.path.join(folder, "eel"), os.path.join(partial, "eel"))
@@ -156,8 +155,6 @@ def test_defects_are_named_with_the_fix(tmp_path, folder):
 
 
 def test_a_file_that_is_not_an_image_fails_the_run_naming_the_file(tmp_path, folder):
-    import shutil
-
     import tensorflow as tf
 
     broken = str(tmp_path / "broken")

@@ -86,6 +86,18 @@ def check_validation_split(fraction: Any) -> None:
                         "Fix: pass a fraction between 0 and 1 (e.g. 0.2), or 0 for none.")
 
 
+def split_point(count: int, fraction: Any, *, name: str, unit: str) -> int:
+    """Keras' ``validation_split`` of ``count`` items: how many come before the held-out last
+    ``fraction``; refuses a fraction that leaves either part empty (``unit``: what an item is)."""
+    check_validation_split(fraction)
+    cut = int(np.floor(count * (1.0 - fraction)))  # as Keras
+    if cut == 0 or cut == count:
+        part = "training" if cut == 0 else "validation"
+        raise DataError(f"validation_split={fraction!r} of {count} {unit}s leaves no {part} {unit}s; received {name}. "
+                        f"Fix: pass a fraction that leaves both parts at least one {unit}.")
+    return cut
+
+
 class ArraySource:
     """In-memory examples ``(x, y)`` or ``(x, y, sample_weight)``, addressable by index.
 
@@ -179,12 +191,7 @@ class ArraySource:
         before any shuffling, sample weights included."""
         import tensorflow as tf
 
-        check_validation_split(fraction)
-        cut = int(np.floor(self.num_examples * (1.0 - fraction)))  # as Keras
-        if cut == 0 or cut == self.num_examples:
-            part = "training" if cut == 0 else "validation"
-            raise DataError(f"validation_split={fraction!r} of {self.num_examples} examples leaves no {part} examples; "
-                            f"received {self.name}. Fix: pass a fraction that leaves both parts at least one example.")
+        cut = split_point(self.num_examples, fraction, name=self.name, unit="example")
         halves = [tf.nest.map_structure(lambda a, s=s: a[s], self._element) for s in (slice(None, cut), slice(cut, None))]
         return (ArraySource(*halves[0], name=f"{self.name}[:{cut}]"),
                 ArraySource(*halves[1], name=f"{self.name}[{cut}:]"))

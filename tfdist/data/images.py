@@ -179,42 +179,38 @@ class ImageFolderSource:
             return tf.cast(labels, tf.float32)[:, None]
         return labels
 
+    def _decode(self, paths: "Any", labels: "Any") -> tuple:
+        """``(images, labels)`` of a batch of paths (relative to the directory) and class numbers."""
+        import tensorflow as tf
+
+        spec = tf.TensorSpec(self.example_shape, tf.float32)
+        images = tf.map_fn(self._load, tf.strings.join([_join(self.directory, ""), paths]),
+                           fn_output_signature=spec)
+        return images, self._label(labels)
+
     def gather_fn(self, *, embed: bool = False) -> Callable:
         """``indices -> (images, labels)``: TensorFlow ops only, so the same under every strategy
         (``embed``, for parameter servers, needs nothing else: the paths are in the graph)."""
         import tensorflow as tf
 
-        paths = tf.constant([_join(self.directory, f) for f in self.files.tolist()], tf.string)
-        labels = tf.constant(self.labels)
-        spec = tf.TensorSpec(self.example_shape, tf.float32)
-
-        def gather(idx):
-            images = tf.map_fn(self._load, tf.gather(paths, idx), fn_output_signature=spec)
-            return images, self._label(tf.gather(labels, idx))
-
-        return gather
+        paths, labels = tf.constant(self.files, tf.string), tf.constant(self.labels)
+        return lambda idx: self._decode(tf.gather(paths, idx), tf.gather(labels, idx))
 
     def sample(self, count: int) -> tuple:
         """The first ``count`` examples ``(images, labels)``, as NumPy arrays."""
         import tensorflow as tf
 
-        images, labels = self.gather_fn()(tf.range(min(count, self.num_examples), dtype=tf.int64))
+        images, labels = self._decode(tf.constant(self.files[:count], tf.string), tf.constant(self.labels[:count]))
         return images.numpy(), labels.numpy()
 
     def split(self, fraction: float) -> tuple["ImageFolderSource", "ImageFolderSource"]:
         """``validation_split``: (the training files, the last ``fraction`` of the files in the order
         of their paths' hashes), each in the listing's order (see the module)."""
-        from tfdist.data.arrays import check_validation_split
+        from tfdist.data.arrays import split_point
 
-        check_validation_split(fraction)
-        n = self.num_examples
-        cut = int(np.floor(n * (1.0 - fraction)))
-        if cut == 0 or cut == n:
-            part = "training" if cut == 0 else "validation"
-            raise DataError(f"validation_split={fraction!r} of {n} images leaves no {part} images; received "
-                            f"{self.name}. Fix: pass a fraction that leaves both parts at least one image.")
+        cut = split_point(self.num_examples, fraction, name=self.name, unit="image")
         keys = [hashlib.sha256(f.encode()).digest() for f in self.files.tolist()]
-        by_hash = np.array(sorted(range(n), key=keys.__getitem__))
+        by_hash = np.array(sorted(range(self.num_examples), key=keys.__getitem__))
         return (self._subset(np.sort(by_hash[:cut]), "training"),
                 self._subset(np.sort(by_hash[cut:]), "validation"))
 

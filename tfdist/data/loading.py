@@ -137,7 +137,9 @@ def load(spec: str | list[str], *, features: str | None = None, validation: str 
     ``tfdist.data.features``) or ``tfds:NAME``; ``validation`` names validation files (or, for
     images, the folder of validation images). ``image_size`` applies to images only.
     """
-    if image_size is not None and not (isinstance(spec, str) and features is None and _is_folder(spec)):
+    folder = isinstance(spec, str) and features is None and bool(spec) and not names_a_data_set(spec) and \
+        _is_folder(spec)
+    if image_size is not None and not folder:
         raise DataError(f"an image size applies to a folder of images only; received data={spec!r} with image size "
                         f"{image_size[0]}x{image_size[1]}. Fix: drop the image size, or pass a folder of images in "
                         "class subfolders.")
@@ -166,7 +168,7 @@ def load(spec: str | list[str], *, features: str | None = None, validation: str 
     if features is None:
         import tensorflow as tf
 
-        if _is_folder(spec):
+        if folder:
             if isinstance(validation, list):
                 raise DataError(f"validation images are one folder; received {len(validation)} paths. Fix: pass the "
                                 "folder of validation images in class subfolders.")

@@ -29,6 +29,7 @@ from tfdist.errors import (
 
 _LAZY = {
     "fit": "tfdist.training",
+    "evaluate": "tfdist.training",
     "make_strategy": "tfdist.strategy",
     "split_cpu": "tfdist.strategy",
     "detect_cluster": ("tfdist.cluster", "detect"),
@@ -43,6 +44,7 @@ _LAZY = {
 __all__ = [
     "__version__",
     "fit",
+    "evaluate",
     "make_strategy",
     "split_cpu",
     "detect_cluster",
@@ -74,7 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import detect as detect_cluster
     from tfdist.data.files import TFRecordSource
     from tfdist.data.images import ImageFolderSource
-    from tfdist.training import fit
+    from tfdist.training import evaluate, fit
     from tfdist.training.export import save_model
     from tfdist.planning import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu

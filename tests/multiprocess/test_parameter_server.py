@@ -70,8 +70,14 @@ def build():
 history = tfdist.fit(build, (x, y, weight), class_weight={0: 0.0}, batch_size=32, epochs=2, steps_per_epoch=4, seed=0, verbose=0,
                      checkpoint_dir=sys.argv[1])
 weights = history.model.get_weights()
+# The chief evaluates on its own (each example once, read from the ps tasks); a copy of the
+# model outside the cluster, with the same weights, evaluates the same examples.
+evaluated = tfdist.evaluate(history.model, {"a": x["a"][:101], "b": x["b"][:101]}, y[:101], batch_size=8)
+plain = build()
+plain.set_weights(weights)
 json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
-           "loss": history.history["loss"], "weights": [w.tolist() for w in weights]},
+           "loss": history.history["loss"], "weights": [w.tolist() for w in weights], "evaluated": evaluated,
+           "plain": plain.evaluate({"a": x["a"][:101], "b": x["b"][:101]}, y[:101], batch_size=101, verbose=0)},
           open(sys.argv[1] + ".json", "w"))
 '''
 
@@ -93,6 +99,8 @@ def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_w
     kernel1, bias1, kernel2, bias2 = (np.asarray(w, np.float32) for w in result["weights"])
     assert np.all(kernel1 == np.float32(0.1)) and np.all(kernel2 == np.float32(0.1))  # as initialized
     assert not bias1.any() and not bias2.any()
+    assert result["evaluated"]["loss"] == pytest.approx(result["plain"], rel=1e-6) and result["plain"] > 0
+    assert "[chief:0] 13/13 - " in out  # its progress: 101 examples, 8 at a time
 
 
 IMAGES_SCRIPT = '''

@@ -202,6 +202,15 @@ def as_source(data: Any) -> Any:
     )
 
 
+def with_labels(x: Any, y: Any) -> tuple:
+    """Keras' ``fit(x, y)``/``evaluate(x, y)``: ``(x, y)``, for arrays only (any other data holds its own labels)."""
+    # A name, a tfdist source, a tf.data.Dataset, a Keras PyDataset.
+    if isinstance(x, str) or callable(getattr(x, "fingerprint", None)) or hasattr(x, "element_spec") or is_pydataset(x):
+        raise DataError(f"`y` is given with data that holds its own labels; received data of type {type(x).__name__}. "
+                        "Fix: leave y out, or pass arrays as x: fit(model, x, y) or evaluate(model, x, y).")
+    return x, y
+
+
 def num_classes(train: Any, validation: Any = None) -> int:
     """The number of classes of labelled data: the largest label + 1 (arrays), else what the source declares."""
     if isinstance(train, ArraySource):

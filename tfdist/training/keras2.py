@@ -304,6 +304,10 @@ class TfKeras:
             verbose=verbose,
         )
 
+    def evaluate(self, model, data, *, steps, callbacks, verbose) -> dict:
+        """tf_keras' own evaluate over a distributed dataset, under a synchronous strategy."""
+        return model.evaluate(data, steps=steps, callbacks=callbacks, verbose=verbose, return_dict=True)
+
     def history(self, previous: list[dict], keras_history=None):
         """A tf_keras History holding every epoch of the run, earlier runs included."""
         import tf_keras

@@ -479,6 +479,12 @@ class Keras3:
             coordinator=self._coordinator,
         )
 
+    def evaluate(self, model, data, *, steps, callbacks, verbose) -> dict:
+        """One pass of the model's test step over a distributed dataset, under a synchronous strategy."""
+        from tfdist.training.loop import evaluate_loop
+
+        return evaluate_loop(model, strategy=self.strategy, data=data, steps=steps, callbacks=callbacks, verbose=verbose)
+
     def history(self, previous: list[dict], keras_history=None):
         """A Keras 3 History holding every epoch of the run, earlier runs included."""
         import keras

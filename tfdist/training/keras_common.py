@@ -1,5 +1,6 @@
 """What the two Keras adapters (``keras3``, ``keras2``) share: which package a model comes from,
-its structural fingerprint, the History of a whole run, the low-precision output warning."""
+its structural fingerprint, the History of a whole run, the low-precision output warning, a
+cache of the last model's functions."""
 
 from __future__ import annotations
 
@@ -14,6 +15,27 @@ def defined_in(obj: Any, package: str) -> bool:
     """True if a class in ``obj``'s MRO comes from ``package`` (a user's subclass lives in
     the user's module, so its own ``__module__`` does not tell)."""
     return any(c.__module__ == package or c.__module__.startswith(package + ".") for c in type(obj).__mro__)
+
+
+def keras_of(model: Any):
+    """The Keras package of ``model``: ``tf_keras`` or ``keras`` (Keras 3)."""
+    import importlib
+
+    return importlib.import_module("tf_keras" if defined_in(model, "tf_keras") else "keras")
+
+
+class LastModelCache:
+    """What was made for the model used last (its traced functions): using that model again (in
+    a loop, after each fit) does not make them, and trace them, again. One entry, so that it keeps
+    at most one model alive."""
+
+    def __init__(self):
+        self._model, self._value = None, None
+
+    def get(self, model: Any, make) -> Any:
+        if self._model is not model:
+            self._model, self._value = model, make()
+        return self._value
 
 
 def _dtype_name(dtype) -> str:

@@ -20,10 +20,11 @@ from typing import Any, Sequence
 from tfdist import _checks
 from tfdist.errors import DataError
 from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model
+from tfdist.training.keras_common import LastModelCache
 
 log = logging.getLogger("tfdist")
 
-__all__ = ["Hooks", "run_loop"]
+__all__ = ["Hooks", "evaluate_loop", "run_loop"]
 
 
 class Hooks:
@@ -287,6 +288,34 @@ def run_loop(
     callback_list.on_train_end(logs=epoch_logs)
     hooks.on_train_end()
     return model.history
+
+
+_EVALUATED = LastModelCache()  # the test function of the model evaluated last
+
+
+def evaluate_loop(model, *, strategy, data, steps: int | None = None, callbacks: Sequence[Any] = (),
+                  verbose: int = 1) -> dict:
+    """Keras' ``evaluate`` under any synchronous ``strategy``: one pass over ``data`` (a
+    distributed dataset, or a batched ``tf.data.Dataset``; at most ``steps`` batches) with the
+    model's ``test_step`` in every replica; returns the logs, the metrics of every example read.
+
+    Every process of a synchronous cluster must call it with the same arguments."""
+    import keras
+    import tensorflow as tf
+
+    check_model(model)
+
+    def make():
+        with strategy.scope():
+            metric_names = frozenset(model.get_metrics_result())
+        return _Functions(model, strategy, model.train_step, metric_names, parameter_server=False)
+
+    functions = _EVALUATED.get(model, make)
+    if isinstance(data, tf.data.Dataset):
+        data = strategy.experimental_distribute_dataset(data)
+    callback_list = keras.callbacks.CallbackList(list(callbacks), add_progbar=verbose != 0, model=model,
+                                                 verbose=verbose, epochs=1, steps=steps)
+    return _validate(model, strategy, functions, callback_list, data, steps, None)
 
 
 def _validate(model, strategy, functions: _Functions, callback_list, data, steps: int | None, coordinator) -> dict:

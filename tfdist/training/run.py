@@ -111,7 +111,7 @@ def fit(
     """
     wall_start = time.monotonic()
     if y is not None:
-        data = _with_labels(data, y)
+        data = data_mod.with_labels(data, y)
     _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks,
                      validation_freq=validation_freq)
     options = _checkpoint_options(
@@ -190,17 +190,6 @@ def _check_arguments(*, model, epochs, grad_accum_steps, callbacks, validation_f
                       fix="pass the number of epochs between validations, e.g. validation_freq=2.")
     model_mod.check_argument(model)
     model_mod.check_callbacks(callbacks)
-
-
-def _with_labels(x, y) -> tuple:
-    """Keras' ``fit(x, y)``: ``(x, y)``, for arrays only (any other data holds its own labels)."""
-    from tfdist.data.pydataset import is_pydataset
-
-    # A name, a tfdist source, a tf.data.Dataset, a Keras PyDataset.
-    if isinstance(x, str) or callable(getattr(x, "fingerprint", None)) or hasattr(x, "element_spec") or is_pydataset(x):
-        raise DataError(f"`y` is given with data that holds its own labels; received data of type {type(x).__name__}. "
-                        "Fix: leave y out, or pass arrays as x: fit(model, x, y).")
-    return x, y
 
 
 def _checkpoint_options(checkpoint_dir, **kwargs) -> CheckpointOptions | None:
@@ -461,7 +450,7 @@ def _controller(adapter, built, checkpointer, options, strat, traits, cluster, s
     )
 
 
-def _verbosity(verbose, cluster: ClusterSpec):
+def verbosity(verbose, cluster: ClusterSpec):
     """Only the chief prints progress, unless TFDIST_VERBOSE_WORKERS is set."""
     quiet = not cluster.is_chief and not env.flag(env.TFDIST_VERBOSE_WORKERS)
     if verbose == "auto":
@@ -489,7 +478,7 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
                 history = adapter.run(
                     built, controller, train_data=train_data, validation_data=val_data,
                     validation_steps=validation_steps, validation_freq=shape.validation_freq, plan=plan, callbacks=callbacks,
-                    verbose=_verbosity(verbose, cluster),
+                    verbose=verbosity(verbose, cluster),
                 )
     except Preempted as e:
         log.warning("%s; exiting with code %d so the run is restarted", e, env.EXIT_PREEMPTED)

@@ -1,0 +1,152 @@
+"""tfdist.evaluate: a trained model's metrics on any data fit takes, every example once, under the
+strategy the model was built in (multi_worker_mirrored and parameter_server: tests/multiprocess)."""
+
+import json
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tfdist
+from tfdist import BatchSizeError, DataError, ModelError
+from tfdist.data import load_digits
+
+from conftest import base_env
+
+
+def _builder(keras_name: str):
+    """BatchNormalization and Dropout: evaluation must use the moving statistics and no dropout."""
+    def build():
+        keras = __import__(keras_name)
+        layers = keras.layers
+        model = keras.Sequential([keras.Input((8, 8, 1)), layers.Flatten(), layers.Dense(32), layers.BatchNormalization(),
+                                  layers.Activation("relu"), layers.Dropout(0.3), layers.Dense(10)])
+        model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
+    return build
+
+
+@pytest.fixture(scope="module", params=["keras", "tf_keras"])
+def trained(request):
+    train, val = load_digits()
+    history = tfdist.fit(_builder(request.param), (train.x, train.y), validation_data=(val.x, val.y), epochs=2,
+                         batch_size=64, strategy="one_device", seed=0, verbose=0)
+    return request.param, history, val
+
+
+def test_the_metrics_are_the_last_validations_and_keras_own_evaluate(trained):
+    keras_name, history, val = trained
+    last = {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")}
+    assert tfdist.evaluate(history.model, val.x, val.y, batch_size=64, verbose=0) == last
+    assert tfdist.evaluate(history.model, "digits", batch_size=64, verbose=0) == last  # a name: its held-out split
+    keras_own = history.model.evaluate(val.x, val.y, batch_size=64, verbose=0, return_dict=True)
+    assert keras_own == pytest.approx(last, rel=1e-6)
+
+
+def test_every_example_counts_once_whatever_the_batch(trained):
+    keras_name, history, val = trained
+    x, y = val.x[:101], val.y[:101]  # 101 = 12 batches of 8 and one of 5
+    result = tfdist.evaluate(history.model, (x, y), batch_size=8, verbose=0)
+    predicted = np.argmax(history.model.predict(x, verbose=0), axis=-1)
+    assert result["accuracy"] == pytest.approx(np.mean(predicted == y), abs=1e-7)
+    one_batch = history.model.evaluate(x, y, batch_size=101, verbose=0, return_dict=True)
+    assert result["loss"] == pytest.approx(one_batch["loss"], rel=1e-6)
+    # A sample weight weighs each example, as in Keras (the loss is the weighted sum over all 101 examples).
+    weights = (np.arange(101) < 50).astype(np.float32)
+    weighted = tfdist.evaluate(history.model, (x, y, weights), batch_size=8, verbose=0)
+    first_half = tfdist.evaluate(history.model, (x[:50], y[:50]), verbose=0)["loss"]
+    assert weighted["loss"] == pytest.approx(first_half * 50 / 101, rel=1e-6)
+    keras_own = history.model.evaluate(x, y, sample_weight=weights, batch_size=101, verbose=0, return_dict=True)
+    assert weighted["loss"] == pytest.approx(keras_own["loss"], rel=1e-6)
+
+
+def test_callbacks_get_keras_test_calls(trained):
+    keras_name, history, val = trained
+    keras = __import__(keras_name)
+    calls = []
+
+    class Record(keras.callbacks.Callback):
+        def on_test_begin(self, logs=None):
+            calls.append("begin")
+
+        def on_test_batch_end(self, batch, logs=None):
+            calls.append(batch)
+
+        def on_test_end(self, logs=None):
+            calls.append(("end", sorted(logs)))
+
+    tfdist.evaluate(history.model, val.x[:40], val.y[:40], batch_size=16, callbacks=[Record()], verbose=0)
+    assert calls == ["begin", 0, 1, 2, ("end", ["accuracy", "loss"])]
+
+
+def test_images_in_folders_evaluate_as_fit_validated_them(tmp_path):
+    from test_data_images import _fit, write_images
+
+    images = write_images(str(tmp_path / "images"))
+    source = tfdist.ImageFolderSource(images, image_size=(16, 16))
+    history = _fit(source, validation_data=source, epochs=2)
+    result = tfdist.evaluate(history.model, source, batch_size=8, verbose=0)
+    assert result == {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")}
+
+
+def test_defects_are_named_with_the_fix(trained):
+    import keras
+
+    keras_name, history, val = trained
+    with pytest.raises(DataError, match="holds its own labels"):
+        tfdist.evaluate(history.model, "digits", val.y)
+    with pytest.raises(BatchSizeError, match="batch_size=0"):
+        tfdist.evaluate(history.model, val.x, val.y, batch_size=0)
+    with pytest.raises(ModelError, match="must be a compiled Keras model"):
+        tfdist.evaluate(object(), val.x, val.y)
+    bare = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    with pytest.raises(ModelError, match="not compiled"):
+        tfdist.evaluate(bare, val.x, val.y)
+
+
+_REPLICAS = textwrap.dedent(
+    """
+    import json, sys
+    import tfdist
+    devices = tfdist.split_cpu(2)
+    from tfdist.data import load_digits
+    from test_evaluation import _builder
+
+    train, val = load_digits()
+    results = {}
+    for keras_name in ("keras", "tf_keras"):
+        for strategy in ("mirrored", "central_storage"):
+            history = tfdist.fit(_builder(keras_name), (train.x, train.y), validation_data=(val.x, val.y), epochs=2,
+                                 batch_size=64, strategy=strategy, devices=devices, seed=0, verbose=0)
+            results[f"{keras_name} {strategy}"] = {
+                "replicas": history.tfdist.num_replicas,
+                "last": {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")},
+                "same_batch": tfdist.evaluate(history.model, val.x, val.y, batch_size=64, verbose=0),
+                "other_batch": tfdist.evaluate(history.model, val.x, val.y, per_replica_batch_size=9, verbose=0),
+            }
+            try:
+                tfdist.evaluate(history.model, val.x, val.y, batch_size=63)
+            except tfdist.BatchSizeError as e:
+                results[f"{keras_name} {strategy}"]["refused"] = str(e)
+    print("RESULT " + json.dumps(results))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part(procs):
+    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.run([sys.executable, "-c", _REPLICAS], timeout=280, env=environ)
+    assert code == 0, out[-3000:]
+    results = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert sorted(results) == ["keras central_storage", "keras mirrored", "tf_keras central_storage", "tf_keras mirrored"]
+    for name, result in results.items():
+        assert result["replicas"] == 2, name
+        assert result["same_batch"] == result["last"], name
+        assert result["other_batch"]["accuracy"] == result["last"]["accuracy"], name
+        assert result["other_batch"]["loss"] == pytest.approx(result["last"]["loss"], rel=1e-6), name
+        assert "batch_size=63 is not divisible by replicas" in result["refused"], name

@@ -1,0 +1,122 @@
+"""``tfdist.evaluate``: a trained model's loss and metrics on data, every example counted once,
+under the strategy the model was built in.
+
+After a multi-worker ``fit``, Keras 3's own ``model.evaluate`` fails (it cannot convert the
+replicas' ``PerReplica`` outputs); tf_keras' evaluates, but cannot read tfdist's sources. This
+runs what ``fit`` runs after each epoch, on its own: the same sharded input (replica ``r`` of
+``M`` evaluates the ``r``-th ``1/M`` of the examples) and the same test function, so it returns
+the metrics the last epoch's validation reported for the same data and batch size.
+(The sidecar that evaluates each checkpoint as it appears is ``evaluator``.)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from tfdist import data as data_mod
+from tfdist import strategy as strategy_mod
+from tfdist.cluster import ClusterSpec, detect
+from tfdist.training.keras_common import LastModelCache, keras_of
+from tfdist.training.model import adapter_for
+from tfdist.training.run import verbosity
+
+log = logging.getLogger("tfdist")
+
+__all__ = ["evaluate"]
+
+_ON_CHIEF = LastModelCache()  # the test function of the model the chief evaluated last
+
+
+def evaluate(
+    model: Any,
+    data: Any,
+    y: Any = None,
+    *,
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    callbacks: Sequence[Any] | None = None,
+    verbose: int | str = "auto",
+    cluster: ClusterSpec | None = None,
+) -> dict[str, float]:
+    """Evaluates a compiled Keras 3 or tf_keras ``model`` on ``data``; returns ``{name: value}``
+    (the loss and every metric, as Keras' ``evaluate(..., return_dict=True)``).
+
+    ``model`` is typically ``fit``'s ``history.model``: it runs under the strategy it was built
+    in (``model.distribute_strategy``), each replica on its own part of the data, so every
+    example counts once whatever the number of replicas. Call it on every task that trained, as
+    ``fit`` is: under multi_worker_mirrored each worker evaluates its part and all of them get
+    the same result. Under parameter servers the chief evaluates alone (the variables stay on
+    the ps tasks); the other tasks are still serving ``fit``.
+
+    Args:
+      data: any form ``fit`` takes (arrays, ``TFRecordSource``, ``ImageFolderSource``, a
+        ``PyDataset``, an unbatched ``tf.data.Dataset``). A name (``"digits"``, ``"tfds:NAME"``)
+        evaluates that data set's held-out split, the one ``fit`` validates on.
+      y: as Keras' ``evaluate(x, y)``: ``evaluate(model, x, y)`` is ``evaluate(model, (x, y))``.
+      batch_size: the global batch (default 32 per replica). per_replica_batch_size: one
+        replica's batch. Give one. A ``sample_weight`` in the data weighs each example.
+      callbacks: callbacks of the model's Keras; they get the ``on_test_*`` calls of ``evaluate``.
+      cluster: this task's ``ClusterSpec`` (default: detected, as ``fit`` does); only the chief
+        shows progress.
+    """
+    if y is not None:
+        data = data_mod.with_labels(data, y)
+    strategy = getattr(model, "distribute_strategy", None)  # every Keras model has one
+    adapter = adapter_for(model, strategy)
+    adapter.check(model)
+    cluster = detect() if cluster is None else cluster
+    traits = strategy_mod.traits(strategy, cluster)
+    source = _source(data)
+    sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
+                                        per_replica_batch_size=per_replica_batch_size)
+    verbose = verbosity(verbose, cluster)
+    callbacks = list(callbacks or ())
+    try:
+        if traits.coordinated:
+            log.info("evaluating %d examples on the chief in batches of %d (parameter_server: the workers are not "
+                     "used)", source.num_examples or 0, sizes.global_batch_size)
+            logs = _on_chief(model, data_mod.validation_dataset(source, sizes.global_batch_size), callbacks, verbose)
+        else:
+            dataset, steps = data_mod.validation_input(source, sizes, strategy=strategy)
+            log.info("evaluating under %s: %s", traits.name, sizes.describe())
+            logs = adapter.evaluate(model, dataset, steps=steps, callbacks=callbacks, verbose=verbose)
+    except BaseException as e:
+        failure = data_mod.read_failure(e, source)
+        if failure is not None:  # a Python dataset's own error, not TensorFlow's wrapping of it
+            raise failure from None
+        raise
+    return {key: float(value) for key, value in logs.items()}
+
+
+def _source(data: Any):
+    """The source to evaluate: a named data set's held-out split, else the data itself."""
+    if not isinstance(data, str):
+        return data_mod.as_source(data)
+    train, held_out = data_mod.load(data)
+    if held_out is None:
+        return train
+    log.info("evaluating the held-out split of %s", data)
+    return data_mod.as_source(held_out)
+
+
+def _on_chief(model, dataset, callbacks: list, verbose: int) -> dict:
+    """Keras 3 and tf_keras alike: the model's ``test_step`` over ``dataset`` in this process
+    (under parameter servers its variables are read from the ps tasks), with Keras' callbacks."""
+    import tensorflow as tf
+
+    keras = keras_of(model)
+    steps = int(dataset.cardinality()) if int(dataset.cardinality()) >= 0 else None
+    callback_list = keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, model=model, verbose=verbose,
+                                                 epochs=1, steps=steps)
+    test = _ON_CHIEF.get(model, lambda: tf.function(model.test_step, reduce_retracing=True, autograph=False))
+    model.reset_metrics()
+    callback_list.on_test_begin()
+    logs: dict = {}
+    for i, batch in enumerate(dataset):
+        callback_list.on_test_batch_begin(i)
+        logs = test(batch)
+        callback_list.on_test_batch_end(i, logs)
+    logs = {key: float(value) for key, value in logs.items()}
+    callback_list.on_test_end(logs)
+    return logs

@@ -795,3 +795,50 @@ def test_a_checkpoint_of_two_replicas_resumes_on_one_at_the_same_step_without_wa
     assert "saved by 2 replicas, this run has 1" in out
     noisy = [line for line in out.splitlines() if "could not be found" in line or "Unresolved object" in line]
     assert not noisy, noisy[:3]
+
+
+def _loss_scaled(keras_name: str):
+    """mixed_float16 with a dynamic loss scale that moves both ways within a few steps: it starts
+    low, doubles after every 2 finite steps and halves (skipping the update) on an overflow."""
+    def build():
+        keras = __import__(keras_name)
+        layers = keras.layers
+        model = keras.Sequential([
+            keras.Input((8, 8, 1)), layers.Conv2D(8, 3), layers.BatchNormalization(), layers.Activation("relu"),
+            layers.Flatten(), layers.Dropout(0.1), layers.Dense(10), layers.Activation("linear", dtype="float32"),
+        ])
+        inner = keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(0.05, 40))
+        optimizer = keras.mixed_precision.LossScaleOptimizer(inner, initial_scale=2.0 ** 16, dynamic_growth_steps=2)
+        model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    return build
+
+
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_mixed_precision_resumes_with_the_loss_scale_where_it_was(tmp_path, keras_name):
+    import tfdist
+
+    from conftest import Crash, crash_after
+
+    def fit(directory, **kwargs):
+        return tfdist.fit(_loss_scaled(keras_name), "digits", epochs=2, batch_size=128, seed=3, deterministic=True,
+                          strategy="one_device", mixed_precision="mixed_float16", verbose=0,
+                          checkpoint_dir=str(directory), save_every_steps=4, **kwargs)
+
+    def scale(model):  # Keras 3's LossScaleOptimizer, tf_keras' LossScaleOptimizerV3
+        optimizer = model.optimizer
+        return float(optimizer.dynamic_scale if hasattr(optimizer, "dynamic_scale") else optimizer.loss_scale)
+
+    reference = fit(tmp_path / "ref")
+    with pytest.raises(Crash):
+        fit(tmp_path / "int", callbacks=[crash_after(9, keras_name)])
+    saved = checkpoint_tensors(str(tmp_path / "int"))
+    at_step_8 = [float(v) for k, v in saved.items() if k.endswith(("dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE",
+                                                                   "current_loss_scale/.ATTRIBUTES/VARIABLE_VALUE"))]
+    assert len(at_step_8) == 1 and at_step_8[0] != 2.0 ** 16  # the scale had moved before the crash
+    resumed = fit(tmp_path / "int")
+    assert resumed.tfdist.start_step == 8 and scale(resumed.model) == scale(reference.model) != at_step_8[0]
+    assert resumed.history["loss"] == reference.history["loss"]
+    assert reference.history["loss"][-1] < reference.history["loss"][0]  # it trained, not only skipped steps
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))

@@ -188,3 +188,36 @@ def test_under_mirrored_a_crash_resumes_bit_identically_validation_included(proc
     result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
     assert result["replicas"] == 2 and result["from"] == 4 and result["same"], result
     assert result["val_loss"][0] == result["val_loss"][1], result
+
+
+def _augmented(keras_name: str):
+    """The Keras image tutorials' model: random flips, rotations, zooms and contrast in front of the network."""
+    def build():
+        keras = __import__(keras_name)
+        layers = keras.layers
+        model = keras.Sequential([
+            keras.Input((16, 16, 3)), layers.RandomFlip("horizontal"), layers.RandomRotation(0.1), layers.RandomZoom(0.1),
+            layers.RandomContrast(0.2), layers.Rescaling(1 / 255), layers.Conv2D(4, 3), layers.BatchNormalization(),
+            layers.Activation("relu"), layers.GlobalAveragePooling2D(), layers.Dropout(0.1), layers.Dense(3)])
+        model.compile(keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(0.05, 40)),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    return build
+
+
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_random_augmentation_layers_draw_the_same_numbers_after_a_resume(tmp_path, folder, keras_name):
+    # Their random state is in the checkpoint: a resumed run flips, rotates and zooms as the uninterrupted one.
+    def fit(**kwargs):
+        return tfdist.fit(_augmented(keras_name), tfdist.ImageFolderSource(folder, image_size=(16, 16)), epochs=3,
+                          batch_size=8, strategy="one_device", seed=3, deterministic=True, verbose=0,
+                          validation_split=0.25, **kwargs)
+
+    reference = fit()
+    with pytest.raises(Crash):
+        fit(checkpoint_dir=str(tmp_path), save_every_steps=2, callbacks=[crash_after(6, keras_name)])
+    resumed = fit(checkpoint_dir=str(tmp_path), save_every_steps=2)
+    assert resumed.tfdist.start_step == 4
+    assert same_weights(resumed.model, reference.model)
+    assert resumed.history["val_loss"] == reference.history["val_loss"]

@@ -110,7 +110,7 @@ def test_defects_are_named_with_the_fix(trained):
 
 _REPLICAS = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys, tempfile
     import tfdist
     devices = tfdist.split_cpu(2)
     from tfdist.data import load_digits
@@ -132,18 +132,34 @@ _REPLICAS = textwrap.dedent(
                 tfdist.evaluate(history.model, val.x, val.y, batch_size=63)
             except tfdist.BatchSizeError as e:
                 results[f"{keras_name} {strategy}"]["refused"] = str(e)
+        # A model trained elsewhere, loaded from its file into a strategy's scope (its metrics not built yet).
+        history = tfdist.fit(_builder(keras_name), (train.x, train.y), validation_data=(val.x, val.y), epochs=1,
+                             batch_size=64, strategy="one_device", seed=0, verbose=0)
+        path = os.path.join(tempfile.mkdtemp(), "model.keras")
+        tfdist.save_model(history.model, path)
+        for strategy in ("mirrored", "central_storage"):
+            with tfdist.make_strategy(strategy, devices=devices).scope():
+                loaded = __import__(keras_name).models.load_model(path)
+            results[f"{keras_name} loaded {strategy}"] = {
+                "last": {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")},
+                "evaluated": tfdist.evaluate(loaded, val.x, val.y, batch_size=64, verbose=0)}
     print("RESULT " + json.dumps(results))
     """
 )
 
 
 @pytest.mark.timeout(300)
-def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part(procs):
+def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part_also_of_a_loaded_model(procs):
     environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
     code, out = procs.run([sys.executable, "-c", _REPLICAS], timeout=280, env=environ)
     assert code == 0, out[-3000:]
     results = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    loaded = {name: results.pop(name) for name in list(results) if " loaded " in name}
     assert sorted(results) == ["keras central_storage", "keras mirrored", "tf_keras central_storage", "tf_keras mirrored"]
+    assert len(loaded) == 4
+    for name, result in loaded.items():  # one set of weights and statistics: any split of the examples agrees
+        assert result["evaluated"]["accuracy"] == result["last"]["accuracy"], name
+        assert result["evaluated"]["loss"] == pytest.approx(result["last"]["loss"], rel=1e-6), name
     for name, result in results.items():
         assert result["replicas"] == 2, name
         assert result["same_batch"] == result["last"], name

@@ -70,6 +70,7 @@ def evaluate(
     source = _source(data)
     sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
                                         per_replica_batch_size=per_replica_batch_size)
+    adapter.prepare_evaluation(model, sample=source.sample(sizes.micro_batch_size))  # e.g. a model just loaded
     verbose = verbosity(verbose, cluster)
     callbacks = list(callbacks or ())
     try:

@@ -304,6 +304,9 @@ class TfKeras:
             verbose=verbose,
         )
 
+    def prepare_evaluation(self, model, *, sample) -> None:
+        """Nothing: tf_keras creates a loaded model's metrics in its own evaluate, under every strategy."""
+
     def evaluate(self, model, data, *, steps, callbacks, verbose) -> dict:
         """tf_keras' own evaluate over a distributed dataset, under a synchronous strategy."""
         return model.evaluate(data, steps=steps, callbacks=callbacks, verbose=verbose, return_dict=True)

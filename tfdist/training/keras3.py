@@ -168,14 +168,9 @@ def rebuild_in_scope(model, strategy):
 
 def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> None:
     """Creates all of the model's state now, so that a checkpoint can be restored into it
-    before the first step: the layers, the compiled loss and metrics, the optimizer's slots.
-
-    ``sample`` is one ``(x, y)`` or ``(x, y, sample_weight)`` micro batch (NumPy or tensors).
-    Keras creates metric variables at the first step; created inside a replica's part of a
-    ``tf.function`` they fail under mirrored ("You must feed a value for placeholder tensor
-    'cond/.../Placeholder'"), so this runs the model's ``test_step`` once, eagerly, in every
-    replica, and resets the metrics (a test step changes nothing else). Call it on every
-    process, in the order the model was built.
+    before the first step: the layers, the compiled loss and metrics (:func:`prepare_metrics`),
+    the optimizer's slots. ``sample`` is one ``(x, y)`` or ``(x, y, sample_weight)`` micro
+    batch (NumPy or tensors). Call it on every process, in the order the model was built.
     """
     import tensorflow as tf
 
@@ -190,6 +185,29 @@ def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> Non
             f"received gradient_accumulation_steps={keras_steps}. Fix: drop it from the optimizer and pass "
             "grad_accum_steps to tfdist, which accumulates exactly under every synchronous strategy."
         )
+    prepare_metrics(model, strategy=strategy, sample=sample)
+    with strategy.scope():
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+    for variable in {id(v): v for v in [*model.variables, *model.optimizer.variables, *model.metrics_variables]}.values():
+        _copy_to_cpu_once(variable)
+    if kind in ("central_storage", "parameter_server"):
+        _use_native_increments(model.optimizer.iterations)  # see prepare_metrics
+
+
+def prepare_metrics(model, *, strategy, sample: tuple) -> None:
+    """Builds the layers and creates the compiled loss and metric variables now; what evaluating
+    a model needs, also one tfdist did not train (loaded from a ``.keras`` file in a scope).
+
+    Keras creates metric variables at the first step; created inside a replica's part of a
+    ``tf.function`` they fail under mirrored ("You must feed a value for placeholder tensor
+    'cond/.../Placeholder'"), so this runs the model's ``test_step`` once, eagerly, in every
+    replica, and resets the metrics (a test step changes nothing else). Calling it again
+    changes nothing.
+    """
+    import tensorflow as tf
+
+    kind = _kind(strategy)
     sample = tf.nest.map_structure(tf.convert_to_tensor, tuple(sample))
     with strategy.scope():
         model(sample[0], training=False)  # builds the layers in cross-replica context
@@ -200,18 +218,13 @@ def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> Non
             with _without_eager_warning():  # once, on one micro batch: the overhead does not matter
                 strategy.run(model.test_step, args=(values,))
         model.reset_metrics()
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-    for variable in {id(v): v for v in [*model.variables, *model.optimizer.variables, *model.metrics_variables]}.values():
-        _copy_to_cpu_once(variable)
     if kind in ("central_storage", "parameter_server"):
         # Keras 3's Variable.assign_add is ``assign(self + value)``: under central_storage a
         # replica-context assign of a SUM variable adds every replica's ``self + value``
         # (the count of a Mean grows R times too fast), and on a parameter server two
         # workers' read-add-writes race and lose updates. The tf.Variable's own
         # assign_add is one atomic op, summed once over replicas.
-        counters = [v for v in model.metrics_variables] + [model.optimizer.iterations]
-        for variable in counters:
+        for variable in model.metrics_variables:
             _use_native_increments(variable)
 
 
@@ -478,6 +491,9 @@ class Keras3:
             grad_accum_steps=self._grad_accum_steps, hooks=_ControllerHooks(controller, model),
             coordinator=self._coordinator,
         )
+
+    def prepare_evaluation(self, model, *, sample) -> None:
+        prepare_metrics(model, strategy=self.strategy, sample=sample)
 
     def evaluate(self, model, data, *, steps, callbacks, verbose) -> dict:
         """One pass of the model's test step over a distributed dataset, under a synchronous strategy."""

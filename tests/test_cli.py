@@ -121,7 +121,7 @@ def test_train_reads_a_folder_of_images_resized_and_rescaled_for_the_built_in_mo
 
     from test_data_images import write_images
     from tfdist.cli import main
-    from tfdist.cli.train import _image_size
+    from tfdist.cli._args import image_size as _image_size
     from tfdist.data import ImageFolderSource
 
     assert _image_size("96x128") == (96, 128) and _image_size("64") == (64, 64)
@@ -146,3 +146,44 @@ def test_train_reads_a_folder_of_images_resized_and_rescaled_for_the_built_in_mo
     assert model.input_shape == (None, 16, 12, 3) and model.output_shape == (None, 3)
     images, _ = ImageFolderSource(folder, image_size=(16, 12)).sample(4)  # 0-255: the model rescales them
     assert np.isfinite(model.predict(images, verbose=0)).all()
+    # tfdist evaluate reads every image of a folder at the model's input size (16x12).
+    scores = tmp_path / "scores.json"
+    assert main(["evaluate", str(out / "model.keras"), "--data", folder, "--verbose", "0", "--json", str(scores)]) == 0
+    assert json.loads(scores.read_text())["examples"] == 36
+
+
+def test_evaluate_reads_the_trained_model_file_and_scores_the_held_out_split_as_the_run(tmp_path, capsys):
+    import json
+
+    from tfdist.cli import main
+
+    out, summary, scores = tmp_path / "run", tmp_path / "summary.json", tmp_path / "scores.json"
+    assert main(["train", "--epochs", "1", "--steps-per-epoch", "3", "--verbose", "0", "--output-dir", str(out),
+                 "--summary-json", str(summary)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(out / "model.keras"), "--verbose", "0", "--json", str(scores)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(scores.read_text())
+    assert result["examples"] == 359 and result["accuracy"] == json.loads(summary.read_text())["val_accuracy"]
+    assert f"tfdist evaluate: loss {result['loss']:.4f}; accuracy {result['accuracy']:.4f} (359 examples" in printed
+    # Arrays in an .npz file: every example of x and y (there is no x_val).
+    from tfdist.data import load_digits
+
+    validation = load_digits()[1]
+    np.savez(tmp_path / "test.npz", x=validation.x[:50], y=validation.y[:50])
+    assert main(["evaluate", str(out / "model.keras"), "--data", str(tmp_path / "test.npz"), "--verbose", "0",
+                 "--batch-size", "7", "--json", str(scores)]) == 0
+    assert json.loads(scores.read_text())["examples"] == 50
+
+    for argv, expected in (
+        ([str(tmp_path / "model.h5")], "tfdist reads Keras model files, whose name ends in .keras; received MODEL="),
+        ([str(tmp_path / "missing.keras")], "no such model file; received MODEL="),
+        ([str(summary.with_suffix(".keras"))], "is not a Keras model file"),
+        ([str(out / "model.keras"), "--features", "spec.json"], "--features applies to TFRecord files only"),
+    ):
+        if "is not a Keras" in expected:
+            summary.with_suffix(".keras").write_text("{}")
+        capsys.readouterr()
+        assert main(["evaluate", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert expected in err and "Fix:" in err, err

@@ -158,6 +158,16 @@ def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp
     loaded = __import__("keras" if keras == "3" else "tf_keras").models.load_model(tmp_path / "acc" / "model.keras")
     kernel = next(b[k] for k in model_keys if b[k].ndim == 2)
     assert any(np.array_equal(w, kernel) for w in loaded.get_weights())
+    # tfdist evaluate on both workers loads that file in their strategy's scope and scores the held-out
+    # digits as the run's last validation did (each worker's replica evaluating half of them).
+    scores = tmp_path / "scores.json"
+    code, out = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, "-m", "tfdist",
+                             "evaluate", str(tmp_path / "acc" / "model.keras"), "--json", str(scores),
+                             timeout=240, env=base_env())
+    assert code == 0, out[-4000:]
+    result = read_json(scores)
+    assert result["examples"] == 359 and result["accuracy"] == acc["val_accuracy"]
+    assert "strategy multi_worker_mirrored, 2 replica(s)" in out
 
 
 EVALUATE_SCRIPT = '''

@@ -15,6 +15,7 @@ from tfdist._version import __version__
 
 COMMANDS = {
     "train": "tfdist.cli.train",
+    "evaluate": "tfdist.cli.evaluate",
     "env": "tfdist.cli.env",
     "ckpt": "tfdist.cli.ckpt",
     "launch": "tfdist.cli.launch",

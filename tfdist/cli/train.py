@@ -5,42 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from tfdist.cli import _quiet
+from tfdist.cli import _args, _quiet
 
 DEFAULT_OUTPUT_DIR = "runs/tfdist"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}")
-    return value
-
-
-def _image_size(text: str) -> tuple[int, int]:
-    """``64`` -> ``(64, 64)``; ``96x128`` -> ``(96, 128)`` (height x width)."""
-    parts = text.lower().split("x")
-    try:
-        size = tuple(int(part) for part in parts)
-        if len(size) not in (1, 2) or min(size) < 1:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH or one side in pixels, e.g. 180x180 or 180; "
-                                         f"received {text!r}") from None
-    return (size[0], size[-1])
 
 
 def _class_weight(text: str) -> dict[int, float]:
@@ -57,24 +24,6 @@ def _class_weight(text: str) -> dict[int, float]:
                 f"expected CLASS=WEIGHT pairs separated by commas (class >= 0, weight >= 0), e.g. 0=1,1=5; "
                 f"received {text!r}") from None
     return weights
-
-
-def _one_or_files(values, flag: str):
-    """One ``--data`` value, or several files (an unquoted glob the shell expanded), sorted as a
-    glob's matches are: the same files give the same order, and the same data fingerprint."""
-    if values is None or isinstance(values, str):
-        return values
-    if len(values) == 1:
-        return values[0]
-    from tfdist.data.loading import names_a_data_set
-
-    named = [v for v in values if names_a_data_set(v)]
-    if named:
-        from tfdist.errors import DataError
-
-        raise DataError(f"{flag} takes one data set or TFRecord files; received {len(values)} values, among them "
-                        f"{named[0]!r}. Fix: pass one data set, or only TFRecord files (a glob, quoted or not).")
-    return sorted(values)
 
 
 def register(subparsers) -> None:
@@ -100,7 +49,7 @@ def register(subparsers) -> None:
                        "image_dataset_from_directory reads; a fixed fifth of the files validates), or TFRecord files with "
                        "--features: paths or a glob, quoted or expanded by the shell (e.g. DIR/train-*.tfrecord; several "
                        "files are read in sorted order, as a glob's matches)")
-    model.add_argument("--image-size", type=_image_size, default=None, metavar="HxW",
+    model.add_argument("--image-size", type=_args.image_size, default=None, metavar="HxW",
                        help="the size every image of a --data folder is resized to, e.g. 180x180 (default 256x256)")
     model.add_argument("--features", default=None, metavar="SPEC",
                        help="how to parse TFRecord --data: a JSON feature spec (x, y, num_classes; see tfdist.data.features) "
@@ -108,19 +57,19 @@ def register(subparsers) -> None:
     model.add_argument("--validation-data", default=None, metavar="FILES", nargs="+",
                        help="TFRecord validation files (paths or a glob, quoted or not), parsed with --features; or, "
                        "for a folder of images, the folder of validation images")
-    model.add_argument("--validation-freq", type=_positive_int, default=1, metavar="N",
+    model.add_argument("--validation-freq", type=_args.positive_int, default=1, metavar="N",
                        help="validate after every N-th epoch (default 1)")
     model.add_argument("--class-weight", type=_class_weight, default=None, metavar="C=W,...",
                        help="weigh training examples by class, e.g. 0=1,1=5 (classes left out weigh 1)")
-    model.add_argument("--learning-rate", type=_positive_float, default=2e-3, help="Adam learning rate (default 0.002)")
+    model.add_argument("--learning-rate", type=_args.positive_float, default=2e-3, help="Adam learning rate (default 0.002)")
     model.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None, help="Keras mixed-precision policy")
 
     run = parser.add_argument_group("training")
-    run.add_argument("--epochs", type=_positive_int, default=15, help="epochs (default 15)")
-    run.add_argument("--batch-size", type=_positive_int, default=None, help="global batch per optimizer step (default 32 per replica)")
-    run.add_argument("--per-replica-batch-size", type=_positive_int, default=None, help="micro batch per replica")
-    run.add_argument("--grad-accum-steps", type=_positive_int, default=1, help="micro batches accumulated per optimizer step")
-    run.add_argument("--steps-per-epoch", type=_positive_int, default=None, help="optimizer steps per epoch (default: the whole data)")
+    run.add_argument("--epochs", type=_args.positive_int, default=15, help="epochs (default 15)")
+    run.add_argument("--batch-size", type=_args.positive_int, default=None, help="global batch per optimizer step (default 32 per replica)")
+    run.add_argument("--per-replica-batch-size", type=_args.positive_int, default=None, help="micro batch per replica")
+    run.add_argument("--grad-accum-steps", type=_args.positive_int, default=1, help="micro batches accumulated per optimizer step")
+    run.add_argument("--steps-per-epoch", type=_args.positive_int, default=None, help="optimizer steps per epoch (default: the whole data)")
     run.add_argument("--seed", type=int, default=0, help="seed of Python, NumPy, TensorFlow and the data order (default 0)")
     run.add_argument("--deterministic", action="store_true", help="turn on TensorFlow's op determinism")
     run.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, help=f"TensorBoard logs and checkpoints (default {DEFAULT_OUTPUT_DIR})")
@@ -134,17 +83,17 @@ def register(subparsers) -> None:
 
     dist = parser.add_argument_group("distribution")
     dist.add_argument("--strategy", default="auto", help="auto, one_device, mirrored, multi_worker_mirrored, central_storage, parameter_server")
-    dist.add_argument("--cpu-devices", type=_positive_int, default=None, metavar="N", help="split the CPU into N logical devices (GPU stand-ins)")
+    dist.add_argument("--cpu-devices", type=_args.positive_int, default=None, metavar="N", help="split the CPU into N logical devices (GPU stand-ins)")
     dist.add_argument("--all-reduce", default="auto", help="auto|ring|nccl (multi-worker); auto|nccl|hierarchical_copy|reduce_to_one (mirrored)")
     dist.add_argument("--bytes-per-pack", type=int, default=0, help="gradient bytes per all-reduce pack (0: TensorFlow decides)")
-    dist.add_argument("--collective-timeout", type=_positive_float, default=None, metavar="S", help="fail a collective that takes longer than S seconds")
+    dist.add_argument("--collective-timeout", type=_args.positive_float, default=None, metavar="S", help="fail a collective that takes longer than S seconds")
 
     ckpt = parser.add_argument_group("checkpointing")
     ckpt.add_argument("--checkpoint-dir", default=None, help="default OUTPUT_DIR/checkpoints")
-    ckpt.add_argument("--save-every-steps", type=_positive_int, default=None, metavar="N", help="also save every N steps")
-    ckpt.add_argument("--save-every-seconds", type=_positive_float, default=None, metavar="S", help="also save every S seconds")
-    ckpt.add_argument("--keep", type=_positive_int, default=3, help="recent checkpoints kept (default 3)")
-    ckpt.add_argument("--keep-every-hours", type=_positive_float, default=None, metavar="H", help="also keep one checkpoint every H hours")
+    ckpt.add_argument("--save-every-steps", type=_args.positive_int, default=None, metavar="N", help="also save every N steps")
+    ckpt.add_argument("--save-every-seconds", type=_args.positive_float, default=None, metavar="S", help="also save every S seconds")
+    ckpt.add_argument("--keep", type=_args.positive_int, default=3, help="recent checkpoints kept (default 3)")
+    ckpt.add_argument("--keep-every-hours", type=_args.positive_float, default=None, metavar="H", help="also keep one checkpoint every H hours")
     ckpt.add_argument("--sync-save", action="store_true", help="save synchronously (default: in the background)")
     ckpt.add_argument("--no-resume", action="store_true", help="do not resume; refuses to run if checkpoints exist")
     ckpt.add_argument("--allow-changes", action="store_true", help="resume even if batch size, model or data changed")
@@ -201,8 +150,8 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist.training import fit
 
     # The record index of read-only data directories is cached next to the checkpoints.
-    train, validation = data_mod.load(_one_or_files(args.data, "--data"), features=args.features,
-                                      validation=_one_or_files(args.validation_data, "--validation-data"),
+    train, validation = data_mod.load(_args.one_or_files(args.data, "--data"), features=args.features,
+                                      validation=_args.one_or_files(args.validation_data, "--validation-data"),
                                       cache_dir=checkpoint_dir, image_size=args.image_size)
     num_classes = data_mod.num_classes(train, validation)
     pixels = isinstance(train, data_mod.ImageFolderSource)  # 0-255: the model rescales them first

@@ -75,6 +75,8 @@ def load_npz(path: str, validation_fraction: float = 0.2) -> tuple[ArraySource, 
         raise DataError(f"x_val and x in the .npz file differ in example shape; received {arrays['x_val'].shape[1:]} and "
                         f"{arrays['x'].shape[1:]} in {path!r}. Fix: save validation examples shaped like the training ones.")
     x = scaled(arrays["x"])
+    if not validation_fraction and "x_val" not in arrays:  # all of it, nothing held out
+        return ArraySource(x, arrays["y"], name=path), None
     if "x_val" in arrays:
         return ArraySource(x, arrays["y"], name=path), ArraySource(scaled(arrays["x_val"]), arrays["y_val"], name=path)
     if len(x) < 2:
@@ -178,6 +180,27 @@ def load(spec: str | list[str], *, features: str | None = None, validation: str 
             raise _needs_features(f"data={spec!r}")
         raise DataError(f"unknown data; received data={spec!r}. Fix: use {DATA_FORMS}.")
     return load_files(spec, features, validation=validation, cache_dir=cache_dir)
+
+
+def load_to_evaluate(spec: str | list[str], *, features: str | None = None, image_size: tuple[int, int] | None = None,
+                     model_image_size: tuple[int, int] | None = None) -> Any:
+    """What evaluating ``spec`` (``tfdist evaluate --data``, or a name passed to ``tfdist.evaluate``)
+    reads: the held-out split of a named data set (``digits``, ``tfds:NAME``: its validation, else
+    test split; an ``.npz``: its ``x_val`` and ``y_val``), else all of it (an ``.npz`` without them,
+    every image of a folder, every record of TFRecord files).
+
+    ``image_size`` is the user's (a folder only, as for ``load``); a folder's images are otherwise
+    resized to ``model_image_size`` (the model's input), else to the default size."""
+    if isinstance(spec, str) and features is None and image_size is None and names_a_data_set(spec):
+        train, held_out = load_npz(spec, validation_fraction=0) if spec.endswith(".npz") else load(spec)
+        if held_out is None and not spec.endswith(".npz"):
+            raise DataError(f"{spec} has no validation or test split prepared; received data={spec!r}. Fix: prepare one, "
+                            "or pass the examples to evaluate (arrays, files, or a folder of images).")
+        return held_out if held_out is not None else train
+    if isinstance(spec, str) and features is None and spec and not names_a_data_set(spec) and _is_folder(spec):
+        # Every image, none held out.
+        return ImageFolderSource(spec, image_size=image_size or model_image_size or DEFAULT_IMAGE_SIZE)
+    return load(spec, features=features, image_size=image_size)[0]  # files; or the error load gives
 
 
 def as_source(data: Any) -> Any:

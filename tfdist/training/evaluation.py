@@ -23,7 +23,7 @@ from tfdist.training.run import verbosity
 
 log = logging.getLogger("tfdist")
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "image_size_of"]
 
 _ON_CHIEF = LastModelCache()  # the test function of the model the chief evaluated last
 
@@ -67,7 +67,7 @@ def evaluate(
     adapter.check(model)
     cluster = detect() if cluster is None else cluster
     traits = strategy_mod.traits(strategy, cluster)
-    source = _source(data)
+    source = _source(data, model)
     sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
                                         per_replica_batch_size=per_replica_batch_size)
     adapter.prepare_evaluation(model, sample=source.sample(sizes.micro_batch_size))  # e.g. a model just loaded
@@ -90,15 +90,23 @@ def evaluate(
     return {key: float(value) for key, value in logs.items()}
 
 
-def _source(data: Any):
-    """The source to evaluate: a named data set's held-out split, else the data itself."""
+def _source(data: Any, model):
+    """The source to evaluate: for a name or a path, what ``data.load_to_evaluate`` reads (a folder's
+    images at the model's input size), else the data itself."""
     if not isinstance(data, str):
         return data_mod.as_source(data)
-    train, held_out = data_mod.load(data)
-    if held_out is None:
-        return train
-    log.info("evaluating the held-out split of %s", data)
-    return data_mod.as_source(held_out)
+    source = data_mod.load_to_evaluate(data, model_image_size=image_size_of(model))
+    log.info("evaluating %s examples of %s", source.num_examples, data)
+    return source
+
+
+def image_size_of(model) -> tuple[int, int] | None:
+    """(height, width) of a model with one image input (batch, height, width, channels), else None."""
+    inputs = getattr(model, "inputs", None) or []
+    shape = tuple(inputs[0].shape) if len(inputs) == 1 else ()
+    if len(shape) == 4 and all(isinstance(side, int) for side in shape[1:3]):
+        return (shape[1], shape[2])
+    return None
 
 
 def _on_chief(model, dataset, callbacks: list, verbose: int) -> dict:

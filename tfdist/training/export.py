@@ -1,6 +1,7 @@
 """The trained model as one Keras file (``.keras``: architecture, weights, compile configuration),
 written atomically on any TensorFlow filesystem -- what ``tfdist train`` leaves for serving or
-further use, next to the checkpoints that only tfdist reads back."""
+further use, next to the checkpoints that only tfdist reads back -- and read back with the Keras
+that wrote it (``tfdist evaluate``)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,14 @@ log = logging.getLogger("tfdist")
 SUFFIX = ".keras"
 
 
-def check_name(path: str, *, what: str = "--save-model") -> None:
-    """Refuses a file name Keras cannot write a model to (no TensorFlow is imported)."""
+def check_name(path: str, *, what: str = "--save-model", reading: bool = False) -> None:
+    """Refuses a file name Keras cannot write a model to, or (``reading``) that is no Keras model
+    file (no TensorFlow is imported)."""
     if not path.endswith(SUFFIX) or storage.basename(path) == SUFFIX:
+        if reading:
+            raise ModelError(f"tfdist reads Keras model files, whose name ends in {SUFFIX}; received {what}={path!r}. "
+                             f"Fix: pass the {SUFFIX} file that tfdist train or tfdist.save_model wrote (a model in "
+                             f"another format: load it with Keras and save it as {SUFFIX}).")
         raise ModelError(f"the trained model is written as a Keras file, whose name ends in {SUFFIX}; received "
                          f"{what}={path!r}. Fix: name a file such as model{SUFFIX}.")
 
@@ -49,5 +55,51 @@ def save_model(model, path: str, *, cluster=None) -> None:
             storage.copy_atomic(local, path)
             log.info("trained model written to %s (%.1f MB; load it with %s.models.load_model)", path,
                      os.path.getsize(local) / 1e6, "tf_keras" if type(model).__module__.startswith("tf_keras") else "keras")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def keras_of_file(local: str) -> str:
+    """``keras`` or ``tf_keras``: the Keras that wrote a local ``.keras`` file (its metadata says
+    which version); a file that is not one is a ModelError."""
+    import json
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(local) as archive:
+            version = str(json.loads(archive.read("metadata.json")).get("keras_version", ""))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise ModelError(f"not a Keras model file: it holds no Keras metadata ({type(e).__name__}). Fix: pass the "
+                         f"{SUFFIX} file that tfdist train (OUTPUT_DIR/model{SUFFIX}), tfdist.save_model or "
+                         "model.save wrote.") from None
+    return "keras" if version.split(".")[0] not in ("", "2") else "tf_keras"
+
+
+def load_model(path: str, *, strategy=None, what: str = "path"):
+    """The model of a ``.keras`` file on any TensorFlow filesystem, loaded with the Keras that wrote
+    it (Keras 3 or tf_keras), its variables created in ``strategy``'s scope (default: none)."""
+    import contextlib
+    import importlib
+
+    check_name(path, what=what, reading=True)
+    storage.check_supported(path, what=what)
+    if not storage.isfile(path):
+        raise ModelError(f"no such model file; received {what}={path!r}. Fix: pass the {SUFFIX} file that tfdist "
+                         f"train (OUTPUT_DIR/model{SUFFIX}) or tfdist.save_model wrote.")
+    scratch = tempfile.mkdtemp(prefix="tfdist-model-")
+    try:
+        local = path
+        if storage.is_url(path):  # Keras reads local files
+            local = os.path.join(scratch, "model" + SUFFIX)
+            with open(local, "wb") as f:
+                f.write(storage.read_bytes(path))
+        try:
+            keras = importlib.import_module(keras_of_file(local))
+        except ModelError as e:
+            raise ModelError(f"{path!r} is {e}") from None
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            model = keras.models.load_model(local)
+        log.info("model %s loaded from %s (%s)", model.name, path, keras.__name__)
+        return model
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

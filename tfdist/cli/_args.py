@@ -1,0 +1,56 @@
+"""Argument types and values the commands share (no TensorFlow here)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}")
+    return value
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``64`` -> ``(64, 64)``; ``96x128`` -> ``(96, 128)`` (height x width)."""
+    parts = text.lower().split("x")
+    try:
+        size = tuple(int(part) for part in parts)
+        if len(size) not in (1, 2) or min(size) < 1:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH or one side in pixels, e.g. 180x180 or 180; "
+                                         f"received {text!r}") from None
+    return (size[0], size[-1])
+
+
+def one_or_files(values, flag: str):
+    """One ``--data`` value, or several files (an unquoted glob the shell expanded), sorted as a
+    glob's matches are: the same files give the same order, and the same data fingerprint."""
+    if values is None or isinstance(values, str):
+        return values
+    if len(values) == 1:
+        return values[0]
+    from tfdist.data.loading import names_a_data_set
+
+    named = [v for v in values if names_a_data_set(v)]
+    if named:
+        from tfdist.errors import DataError
+
+        raise DataError(f"{flag} takes one data set or TFRecord files; received {len(values)} values, among them "
+                        f"{named[0]!r}. Fix: pass one data set, or only TFRecord files (a glob, quoted or not).")
+    return sorted(values)

@@ -1,4 +1,5 @@
-"""tfdist.save_model: the trained model as one .keras file on any filesystem, written atomically.
+"""tfdist.save_model: the trained model as one .keras file on any filesystem, written atomically,
+and read back with the Keras that wrote it.
 
 Every worker of a multi-worker run taking part is tested in tests/multiprocess (tfdist train
 writes the model through it)."""
@@ -33,6 +34,13 @@ def test_a_model_written_to_another_filesystem_loads_with_its_keras_and_the_same
     loaded = keras.models.load_model(local)
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
     assert not [name for name in tf.io.gfile.listdir(f"ram://{tmp_path}/deep/er") if name != "model.keras"]
+
+    # tfdist's reader picks the Keras that wrote the file, and reads it from that filesystem.
+    from tfdist.training.export import load_model
+
+    again = load_model(target, strategy=tfdist.make_strategy("one_device"))
+    assert type(again).__module__.startswith(keras_name + ".")
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), again.get_weights()))
 
     tfdist.save_model(model, str(tmp_path / "new" / "model.keras"))  # a local directory that does not exist yet
     assert len(keras.models.load_model(tmp_path / "new" / "model.keras").get_weights()) == len(model.get_weights())

@@ -104,6 +104,16 @@ def procs():
     processes.close()
 
 
+def script_result(procs, script: str, *args: str, timeout: float = 280):
+    """Runs Python source ``script`` with ``args`` in a fresh process that can import the tests
+    (e.g. to configure logical devices before TensorFlow starts); returns the JSON it printed
+    on a line starting with ``RESULT ``."""
+    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.run([sys.executable, "-c", script, *args], timeout=timeout, env=environ)
+    assert code == 0, out[-3000:]
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+
 def checkpoint_tensors(directory: str, *, prefix: str | None = None) -> dict:
     """Every tensor of the latest checkpoint in ``directory`` (save counters left out)."""
     import tensorflow as tf

@@ -20,7 +20,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors, process_state, read_json, wait_for
+from conftest import assert_bit_identical, base_env, checkpoint_tensors, process_state, read_json, script_result, wait_for
 
 TRAIN = ["train", "--model", "resnet", "--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "32", "--seed", "4",
          "--deterministic", "--save-every-steps", "3", "--verbose", "0"]
@@ -497,9 +497,7 @@ def test_each_replica_gets_its_own_on_read_state_back(procs):
     """Mirrored: a plain checkpoint would give each replica half the summed metric total and
     the mean of the BatchNormalization statistics (synchronized or not); the resumed run's
     float operations would then differ from an uninterrupted run's."""
-    code, out = procs.run([sys.executable, "-c", _REPLICA_METRICS], timeout=180, env=base_env())
-    assert code == 0, out[-3000:]
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    result = script_result(procs, _REPLICA_METRICS, timeout=180)
     total, count = result["before"]
     assert total[0] != total[1] and count == [3.0, 3.0]
     assert result["after"] == result["before"]

@@ -4,8 +4,6 @@ own ``model.fit(class_weight=...)``, from arrays and files, and resumed exactly.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import textwrap
 
 import numpy as np
@@ -15,7 +13,7 @@ import tfdist
 from tfdist.data.class_weights import ClassWeights
 from tfdist.errors import CheckpointMismatchError, DataError
 
-from conftest import Crash, assert_bit_identical, base_env, checkpoint_tensors, crash_after, same_weights
+from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after, same_weights, script_result
 
 KERASES = ["keras", "tf_keras"]
 _RNG = np.random.RandomState(7)
@@ -193,8 +191,5 @@ _MIRRORED = textwrap.dedent(
 
 @pytest.mark.timeout(240)
 def test_mirrored_replicas_weigh_their_parts_of_the_batch_by_class(procs):
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", _MIRRORED], timeout=220, env=environ)
-    assert code == 0, out[-3000:]
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    result = script_result(procs, _MIRRORED, timeout=220)
     assert result == {"replicas": 2, "same": True, "weighed": True}

@@ -4,10 +4,8 @@ strategy (mirrored here; parameter servers in test_parameter_server), and refusa
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
 import textwrap
 
 import numpy as np
@@ -17,7 +15,7 @@ import tfdist
 from tfdist.data.images import ImageFolderSource
 from tfdist.errors import DataError
 
-from conftest import Crash, base_env, crash_after, same_weights
+from conftest import Crash, crash_after, same_weights, script_result
 
 CLASSES = ("cat", "dog", "eel")
 
@@ -182,10 +180,7 @@ _MIRRORED = textwrap.dedent(
 
 
 def test_under_mirrored_a_crash_resumes_bit_identically_validation_included(procs, folder):
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", _MIRRORED, folder], timeout=280, env=environ)
-    assert code == 0, out[-3000:]
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    result = script_result(procs, _MIRRORED, folder, timeout=280)
     assert result["replicas"] == 2 and result["from"] == 4 and result["same"], result
     assert result["val_loss"][0] == result["val_loss"][1], result
 

@@ -4,9 +4,6 @@ of every example (the smaller last batch's too), and refusals that name the fix.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import textwrap
 
 import numpy as np
@@ -16,7 +13,7 @@ import tfdist
 from tfdist.data.pydataset import PyDatasetSource
 from tfdist.errors import BatchSizeError, DataError
 
-from conftest import Crash, base_env, crash_after, same_weights
+from conftest import Crash, crash_after, same_weights, script_result
 
 _RNG = np.random.RandomState(5)
 X = _RNG.rand(200, 6).astype(np.float32)
@@ -258,10 +255,7 @@ _MIRRORED = textwrap.dedent(
 
 
 def test_under_mirrored_a_crash_resumes_bit_identically_validation_included(procs):
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", _MIRRORED], timeout=280, env=environ)
-    assert code == 0, out[-3000:]
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    result = script_result(procs, _MIRRORED, timeout=280)
     assert result["replicas"] == 2 and result["from"] == 15 and result["same"], result
     # Each replica validates with its own BatchNormalization statistics (as Keras does), so the figure is
     # not model.evaluate's; it is the uninterrupted run's, to the bit.

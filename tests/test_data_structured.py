@@ -3,8 +3,6 @@ source, through both Kerases: gathered by index, weighted in training and valida
 
 from __future__ import annotations
 
-import json
-import sys
 import textwrap
 
 import numpy as np
@@ -15,7 +13,7 @@ from tfdist import data
 from tfdist.data.arrays import hash_arrays
 from tfdist.errors import DataError
 
-from conftest import Crash, assert_bit_identical, base_env, checkpoint_tensors, crash_after
+from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after, script_result
 
 _RNG = np.random.RandomState(5)
 N = 192
@@ -227,12 +225,7 @@ _MIRRORED = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_mirrored_two_input_weighted_run_matches_one_device_and_resumes_bit_identically(procs, tmp_path):
-    import os
-
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", _MIRRORED, str(tmp_path)], timeout=280, env=environ)
-    assert code == 0, out[-3000:]
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    result = script_result(procs, _MIRRORED, str(tmp_path), timeout=280)
     assert result["replicas"] == 2 and result["start"] == 6
     assert result["same_history"] and result["differ"] == []
     for key, values in result["one"].items():  # the same global batches, weights and metrics as one device

@@ -1,9 +1,6 @@
 """tfdist.evaluate: a trained model's metrics on any data fit takes, every example once, under the
 strategy the model was built in (multi_worker_mirrored and parameter_server: tests/multiprocess)."""
 
-import json
-import os
-import sys
 import textwrap
 
 import numpy as np
@@ -13,7 +10,7 @@ import tfdist
 from tfdist import BatchSizeError, DataError, ModelError
 from tfdist.data import load_digits
 
-from conftest import base_env
+from conftest import script_result
 
 
 def _builder(keras_name: str):
@@ -150,10 +147,7 @@ _REPLICAS = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part_also_of_a_loaded_model(procs):
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", _REPLICAS], timeout=280, env=environ)
-    assert code == 0, out[-3000:]
-    results = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    results = script_result(procs, _REPLICAS, timeout=280)
     loaded = {name: results.pop(name) for name in list(results) if " loaded " in name}
     assert sorted(results) == ["keras central_storage", "keras mirrored", "tf_keras central_storage", "tf_keras mirrored"]
     assert len(loaded) == 4

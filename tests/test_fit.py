@@ -1,6 +1,5 @@
 """tfdist.fit under one_device in process, and mirrored / central_storage on two logical CPUs."""
 
-import json
 import sys
 import textwrap
 
@@ -12,7 +11,7 @@ from tfdist import models
 from tfdist.data import load_digits
 from tfdist.errors import BatchSizeError, DataError, ModelError
 
-from conftest import base_env
+from conftest import base_env, script_result
 
 CNN = models.builder("cnn", input_shape=(8, 8, 1), num_classes=10, keras="2")  # tf_keras; Keras 3: test_fit_keras3.py
 
@@ -166,9 +165,7 @@ _TWO_CPUS = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_mirrored_and_central_storage_on_two_logical_cpus(procs):
-    code, out = procs.run([sys.executable, "-c", _TWO_CPUS], timeout=280, env=base_env())
-    assert code == 0, out[-3000:]
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    result = script_result(procs, _TWO_CPUS, timeout=280)
     for name in ("mirrored", "central_storage"):
         run = result[name]
         assert run["strategy"] == name and run["replicas"] == 2 and run["per_replica"] == 32

@@ -6,8 +6,6 @@ tests/multiprocess/ (the built-in models are Keras 3 by default)."""
 
 from __future__ import annotations
 
-import json
-import sys
 import textwrap
 
 import numpy as np
@@ -16,7 +14,7 @@ import pytest
 import tfdist
 from tfdist.errors import ModelError
 
-from conftest import base_env
+from conftest import script_result
 
 _RNG = np.random.RandomState(3)
 X = _RNG.rand(256, 6).astype(np.float32)
@@ -191,16 +189,6 @@ _TWO_CPUS = textwrap.dedent(
 )
 
 
-def _result_of(procs, script: str) -> dict:
-    """Runs ``script`` in a fresh Python (this module importable) and returns its ``RESULT`` line's JSON."""
-    import os
-
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", script], timeout=280, env=environ)
-    assert code == 0, out[-3000:]
-    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-
-
 # In a fresh process (2 logical CPUs): Keras turns jit_compile off under op determinism, which deterministic=True
 # fits switch on process-wide (TensorFlow has no public way back).
 _XLA = textwrap.dedent(
@@ -239,7 +227,7 @@ _XLA = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_jit_compile_true_compiles_the_steps_with_xla_as_model_fit_does(procs):
-    result = _result_of(procs, _XLA)
+    result = script_result(procs, _XLA)
     # XLA on one device; 2 replicas on logical CPU devices cannot run XLA (it places the function on
     # one CPU): tfdist says so and trains without it.
     for name, applied in (("one_device", True), ("mirrored", False)):
@@ -252,7 +240,7 @@ def test_jit_compile_true_compiles_the_steps_with_xla_as_model_fit_does(procs):
 
 @pytest.mark.timeout(300)
 def test_mirrored_and_central_storage_give_one_devices_metrics_and_weights(procs):
-    result = _result_of(procs, _TWO_CPUS)
+    result = script_result(procs, _TWO_CPUS)
     one = result["one_device"]
     for name in ("mirrored", "central_storage"):
         run = result[name]

@@ -79,6 +79,8 @@ def test_quickstart(kernel_path, tmp_path, monkeypatch):
     assert result["mirrored_val_accuracy"] > 0.5  # it learned something
     # The model saved with tfdist.save_model and loaded back scores what the run reported.
     assert result["saved_model_val_accuracy"] == pytest.approx(result["one_device_val_accuracy"], abs=1e-6)
+    # tfdist.evaluate under mirrored, with the batch the run validated with, gives that validation's accuracy.
+    assert result["mirrored_evaluated_accuracy"] == result["mirrored_val_accuracy"]
     assert_nothing_written(tmp_path)
 
 

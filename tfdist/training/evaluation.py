@@ -51,8 +51,10 @@ def evaluate(
 
     Args:
       data: any form ``fit`` takes (arrays, ``TFRecordSource``, ``ImageFolderSource``, a
-        ``PyDataset``, an unbatched ``tf.data.Dataset``). A name (``"digits"``, ``"tfds:NAME"``)
-        evaluates that data set's held-out split, the one ``fit`` validates on.
+        ``PyDataset``, an unbatched ``tf.data.Dataset``). A string is read as ``tfdist evaluate
+        --data`` reads it (``data.load_to_evaluate``): a named data set (``"digits"``,
+        ``"tfds:NAME"``) gives its held-out split, the one ``fit`` validates on; a folder of
+        images gives every image, at the model's input size.
       y: as Keras' ``evaluate(x, y)``: ``evaluate(model, x, y)`` is ``evaluate(model, (x, y))``.
       batch_size: the global batch (default 32 per replica). per_replica_batch_size: one
         replica's batch. Give one. A ``sample_weight`` in the data weighs each example.

@@ -68,7 +68,8 @@ def folder(tmp_path_factory):
 
 
 @pytest.mark.parametrize("options", [dict(), dict(color_mode="grayscale", label_mode="categorical", interpolation="area"),
-                                     dict(class_names=["eel", "cat"], label_mode="binary", interpolation="nearest")])
+                                     dict(class_names=["eel", "cat"], label_mode="binary", interpolation="nearest"),
+                                     dict(crop_to_aspect_ratio=True), dict(pad_to_aspect_ratio=True, color_mode="grayscale")])
 def test_the_listing_pixels_and_labels_are_keras_image_dataset_from_directory(folder, options):
     import keras
 
@@ -140,6 +141,9 @@ def test_defects_are_named_with_the_fix(tmp_path, folder):
         ImageFolderSource(folder, image_size=180)
     with pytest.raises(DataError, match=r"Invalid `color_mode`; received color_mode='RGB'. Fix: use one of grayscale"):
         ImageFolderSource(folder, color_mode="RGB")
+    with pytest.raises(DataError, match=r"either cropped or padded.*received crop_to_aspect_ratio=True and "
+                                        r"pad_to_aspect_ratio=True. Fix: pass one of them"):
+        ImageFolderSource(folder, crop_to_aspect_ratio=True, pad_to_aspect_ratio=True)
     with pytest.raises(DataError, match=r"validation_split=0.99 of 36 images leaves no training images"):
         ImageFolderSource(folder).split(0.99)
     # A validation folder without one of the classes would number the others differently.

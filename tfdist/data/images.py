@@ -8,7 +8,8 @@ is the ``i``-th file of that listing; epoch ``e`` visits them in the arrays' per
 ``(seed, e)``, so a resumed run reads exactly the files the uninterrupted run would have read.
 
 Each image is read and decoded as Keras does (``tf.io.read_file``, ``tf.image.decode_image``,
-``tf.image.resize`` to ``image_size``): float32 pixels of 0-255 (also for ``"nearest"``, where
+``tf.image.resize`` to ``image_size``, after a centred crop to its aspect ratio with
+``crop_to_aspect_ratio``, or padded with ``pad_to_aspect_ratio``): float32 pixels of 0-255 (also for ``"nearest"``, where
 Keras keeps uint8: the same values), the labels as ``label_mode``
 says. This is TensorFlow ops in the input pipeline, not Python, so it runs in tf.data's
 threads without the GIL, under every strategy (parameter-server workers read the files by
@@ -93,6 +94,22 @@ def _check_image_size(image_size: Any) -> tuple[int, int]:
     return int(image_size[0]), int(image_size[1])
 
 
+def _central_crop(image: "Any", target_height: int, target_width: int) -> "Any":
+    """The largest centred part of ``image`` with the aspect ratio of ``target_height x
+    target_width``, computed as Keras' ``smart_resize`` does (the same sizes and offsets)."""
+    import tensorflow as tf
+
+    shape = tf.shape(image)
+    height, width = shape[0], shape[1]
+    crop_height = tf.cast(tf.cast(width * target_height, tf.float32) / target_width, tf.int32)
+    crop_height = tf.maximum(tf.minimum(height, crop_height), 1)
+    crop_width = tf.cast(tf.cast(height * target_width, tf.float32) / target_height, tf.int32)
+    crop_width = tf.maximum(tf.minimum(width, crop_width), 1)
+    top = tf.cast(tf.cast(height - crop_height, tf.float32) / 2, tf.int32)
+    left = tf.cast(tf.cast(width - crop_width, tf.float32) / 2, tf.int32)
+    return image[top:top + crop_height, left:left + crop_width, :]
+
+
 class ImageFolderSource:
     """The images of ``directory/<class>/...`` with their class as the label (see the module).
 
@@ -105,19 +122,27 @@ class ImageFolderSource:
       class_names: the classes to read, in the order that numbers them (default: every
         subfolder, sorted).
       interpolation: the ``tf.image.resize`` method (default ``"bilinear"``, as Keras).
+      crop_to_aspect_ratio: as Keras, resize without distorting the aspect ratio: the largest
+        centred crop of each image with the aspect ratio of ``image_size`` is resized.
+      pad_to_aspect_ratio: as Keras, resize without distorting the aspect ratio: each image is
+        resized to fit and padded with black, centred (``tf.image.resize_with_pad``).
     """
 
     index_addressable = True
 
     def __init__(self, directory: str, *, image_size: Sequence[int] = (256, 256), color_mode: str = "rgb",
                  label_mode: str = "int", class_names: Sequence[str] | None = None,
-                 interpolation: str = "bilinear"):
+                 interpolation: str = "bilinear", crop_to_aspect_ratio: bool = False, pad_to_aspect_ratio: bool = False):
         if not isinstance(directory, str) or not directory:
             raise DataError(f"Invalid `directory`; received directory={directory!r}. Fix: pass the image folder's path.")
         self.image_size = _check_image_size(image_size)
         _checks.check_choice("color_mode", color_mode, COLOR_MODES, error=DataError)
         _checks.check_choice("label_mode", label_mode, LABEL_MODES, error=DataError)
         _checks.check_choice("interpolation", interpolation, INTERPOLATIONS, error=DataError)
+        if crop_to_aspect_ratio and pad_to_aspect_ratio:
+            raise DataError("an image is either cropped or padded to the aspect ratio; received crop_to_aspect_ratio=True "
+                            "and pad_to_aspect_ratio=True. Fix: pass one of them.")
+        self.crop_to_aspect_ratio, self.pad_to_aspect_ratio = bool(crop_to_aspect_ratio), bool(pad_to_aspect_ratio)
         self.directory = directory.rstrip("/") or directory
         self.color_mode, self.label_mode, self.interpolation = color_mode, label_mode, interpolation
         files, labels, self.class_names = _listing(self.directory, class_names)
@@ -155,6 +180,7 @@ class ImageFolderSource:
         """The listing and how it is decoded (not the files' bytes: reading them all would be a pass over the data)."""
         record = [self.files.tolist(), self.labels.tolist(), list(self.class_names), list(self.image_size),
                   self.color_mode, self.label_mode, self.interpolation]
+        record += [name for name in ("crop_to_aspect_ratio", "pad_to_aspect_ratio") if getattr(self, name)]
         return hashlib.sha256(json.dumps(record).encode()).hexdigest()[:16]
 
     def _load(self, path: "Any") -> "Any":
@@ -166,7 +192,14 @@ class ImageFolderSource:
         readable = tf.debugging.Assert(known, ["tfdist: not a BMP, GIF, JPEG or PNG image:", path], summarize=1)
         with tf.control_dependencies([readable]):  # TensorFlow's own error would not name the file
             image = tf.image.decode_image(contents, channels=self.channels, expand_animations=False)
-        image = tf.cast(tf.image.resize(image, self.image_size, method=self.interpolation), tf.float32)
+        height, width = self.image_size
+        if self.crop_to_aspect_ratio:
+            image = tf.image.resize(_central_crop(image, height, width), self.image_size, method=self.interpolation)
+        elif self.pad_to_aspect_ratio:
+            image = tf.image.resize_with_pad(image, height, width, method=self.interpolation)
+        else:
+            image = tf.image.resize(image, self.image_size, method=self.interpolation)
+        image = tf.cast(image, tf.float32)
         image.set_shape(self.example_shape)
         return image
 

@@ -1,5 +1,6 @@
-"""tfdist.evaluate: a trained model's metrics on any data fit takes, every example once, under the
-strategy the model was built in (multi_worker_mirrored and parameter_server: tests/multiprocess)."""
+"""tfdist.evaluate and tfdist.predict: a trained model's metrics, or its outputs in order, on any data
+fit takes, every example once, under the strategy the model was built in (multi_worker_mirrored and
+parameter_server: tests/multiprocess)."""
 
 import textwrap
 
@@ -61,6 +62,16 @@ def test_every_example_counts_once_whatever_the_batch(trained):
     assert weighted["loss"] == pytest.approx(keras_own["loss"], rel=1e-6)
 
 
+def test_predict_returns_every_output_in_order(trained):
+    keras_name, history, val = trained
+    x = val.x[:101]  # 12 batches of 8 and one of 5
+    outputs = tfdist.predict(history.model, x, batch_size=8, verbose=0)
+    assert isinstance(outputs, np.ndarray) and outputs.shape == (101, 10)
+    np.testing.assert_allclose(outputs, history.model.predict(x, verbose=0), atol=1e-5)
+    # Data with labels (any form evaluate takes): the labels are not used.
+    np.testing.assert_array_equal(tfdist.predict(history.model, (x, val.y[:101]), batch_size=8, verbose=0), outputs)
+
+
 def test_callbacks_get_keras_test_calls(trained):
     keras_name, history, val = trained
     keras = __import__(keras_name)
@@ -108,6 +119,7 @@ def test_defects_are_named_with_the_fix(trained):
 _REPLICAS = textwrap.dedent(
     """
     import json, os, sys, tempfile
+    import numpy as np
     import tfdist
     devices = tfdist.split_cpu(2)
     from tfdist.data import load_digits
@@ -119,8 +131,11 @@ _REPLICAS = textwrap.dedent(
         for strategy in ("mirrored", "central_storage"):
             history = tfdist.fit(_builder(keras_name), (train.x, train.y), validation_data=(val.x, val.y), epochs=2,
                                  batch_size=64, strategy=strategy, devices=devices, seed=0, verbose=0)
+            predicted = tfdist.predict(history.model, val.x, batch_size=64, verbose=0)
             results[f"{keras_name} {strategy}"] = {
                 "replicas": history.tfdist.num_replicas,
+                "predicted_accuracy": float(np.mean(np.argmax(predicted, axis=-1) == val.y)),
+                "predicted_shape": list(predicted.shape),
                 "last": {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")},
                 "same_batch": tfdist.evaluate(history.model, val.x, val.y, batch_size=64, verbose=0),
                 "other_batch": tfdist.evaluate(history.model, val.x, val.y, per_replica_batch_size=9, verbose=0),
@@ -157,6 +172,9 @@ def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part_also
     for name, result in results.items():
         assert result["replicas"] == 2, name
         assert result["same_batch"] == result["last"], name
+        # predict reads the same parts: its outputs, put back in order, score what evaluate scored.
+        assert result["predicted_shape"] == [359, 10], name
+        assert result["predicted_accuracy"] == pytest.approx(result["last"]["accuracy"], abs=1e-7), name
         assert result["other_batch"]["accuracy"] == result["last"]["accuracy"], name
         assert result["other_batch"]["loss"] == pytest.approx(result["last"]["loss"], rel=1e-6), name
         assert "batch_size=63 is not divisible by replicas" in result["refused"], name

@@ -30,6 +30,7 @@ from tfdist.errors import (
 _LAZY = {
     "fit": "tfdist.training",
     "evaluate": "tfdist.training",
+    "predict": "tfdist.training",
     "make_strategy": "tfdist.strategy",
     "split_cpu": "tfdist.strategy",
     "detect_cluster": ("tfdist.cluster", "detect"),
@@ -45,6 +46,7 @@ __all__ = [
     "__version__",
     "fit",
     "evaluate",
+    "predict",
     "make_strategy",
     "split_cpu",
     "detect_cluster",
@@ -76,7 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import detect as detect_cluster
     from tfdist.data.files import TFRecordSource
     from tfdist.data.images import ImageFolderSource
-    from tfdist.training import evaluate, fit
+    from tfdist.training import evaluate, fit, predict
     from tfdist.training.export import save_model
     from tfdist.planning import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu

@@ -180,7 +180,9 @@ train, val = load_digits()
 history = tfdist.fit(_builder(sys.argv[2]), (train.x, train.y), validation_data=(val.x, val.y), epochs=2, batch_size=64,
                      seed=0, verbose=0)
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+predicted = tfdist.predict(history.model, val.x, batch_size=64, verbose=0)
 json.dump({"strategy": history.tfdist.strategy,
+           "predicted": predicted.tolist(), "labels": val.y.tolist(),
            "last": {key: history.history["val_" + key][-1] for key in ("loss", "accuracy")},
            "same_batch": tfdist.evaluate(history.model, val.x, val.y, batch_size=64),
            "other_batch": tfdist.evaluate(history.model, (val.x, val.y), per_replica_batch_size=9, verbose=0)},
@@ -190,7 +192,7 @@ json.dump({"strategy": history.tfdist.strategy,
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("keras", ["keras", "tf_keras"])
-def test_after_fit_every_worker_evaluates_its_part_and_gets_the_whole_sets_metrics(procs, tmp_path, keras):
+def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_whole_sets_results(procs, tmp_path, keras):
     # Keras 3's own model.evaluate fails here (a PerReplica value it cannot convert); tfdist.evaluate
     # runs fit's validation on its own: each worker's replica reads half of the examples.
     import os
@@ -205,6 +207,11 @@ def test_after_fit_every_worker_evaluates_its_part_and_gets_the_whole_sets_metri
     assert first == second
     assert first["strategy"] == "multi_worker_mirrored"
     assert first["same_batch"] == first["last"]
+    # Every worker got all 359 outputs, in order: they score what the validation scored.
+    predicted = np.asarray(first["predicted"])
+    assert predicted.shape == (359, 10)
+    accuracy = float(np.mean(np.argmax(predicted, axis=-1) == np.asarray(first["labels"])))
+    assert accuracy == pytest.approx(first["last"]["accuracy"], abs=1e-7)
     assert first["other_batch"]["accuracy"] == first["last"]["accuracy"]
     assert first["other_batch"]["loss"] == pytest.approx(first["last"]["loss"], rel=1e-6)
     # Progress shows on the chief only: 6 steps, as each replica evaluates 180 (or 179) of 359 examples, 32 at a time.

@@ -77,7 +77,9 @@ plain = build()
 plain.set_weights(weights)
 json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
            "loss": history.history["loss"], "weights": [w.tolist() for w in weights], "evaluated": evaluated,
-           "plain": plain.evaluate({"a": x["a"][:101], "b": x["b"][:101]}, y[:101], batch_size=101, verbose=0)},
+           "plain": plain.evaluate({"a": x["a"][:101], "b": x["b"][:101]}, y[:101], batch_size=101, verbose=0),
+           "predicted": tfdist.predict(history.model, x, batch_size=8, verbose=0).tolist(),
+           "plain_predicted": plain.predict(x, verbose=0).tolist()},
           open(sys.argv[1] + ".json", "w"))
 '''
 
@@ -100,6 +102,7 @@ def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_w
     assert np.all(kernel1 == np.float32(0.1)) and np.all(kernel2 == np.float32(0.1))  # as initialized
     assert not bias1.any() and not bias2.any()
     assert result["evaluated"]["loss"] == pytest.approx(result["plain"], rel=1e-6) and result["plain"] > 0
+    np.testing.assert_allclose(result["predicted"], result["plain_predicted"], atol=1e-6)  # all 256, in order
     assert "[chief:0] 13/13 - " in out  # its progress: 101 examples, 8 at a time
 
 

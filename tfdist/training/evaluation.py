@@ -1,12 +1,13 @@
-"""``tfdist.evaluate``: a trained model's loss and metrics on data, every example counted once,
-under the strategy the model was built in.
+"""``tfdist.evaluate`` and ``tfdist.predict``: a trained model's loss and metrics, or its outputs,
+on data, every example once, under the strategy the model was built in.
 
 After a multi-worker ``fit``, Keras 3's own ``model.evaluate`` fails (it cannot convert the
 replicas' ``PerReplica`` outputs); tf_keras' evaluates, but cannot read tfdist's sources. This
 runs what ``fit`` runs after each epoch, on its own: the same sharded input (replica ``r`` of
 ``M`` evaluates the ``r``-th ``1/M`` of the examples) and the same test function, so it returns
-the metrics the last epoch's validation reported for the same data and batch size.
-(The sidecar that evaluates each checkpoint as it appears is ``evaluator``.)
+the metrics the last epoch's validation reported for the same data and batch size. ``predict``
+reads the same input and gathers every replica's outputs, in the order of the examples, on
+every task. (The sidecar that evaluates each checkpoint as it appears is ``evaluator``.)
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from tfdist.training.run import verbosity
 
 log = logging.getLogger("tfdist")
 
-__all__ = ["evaluate", "image_size_of"]
+__all__ = ["evaluate", "image_size_of", "predict"]
 
 _ON_CHIEF = LastModelCache()  # the test function of the model the chief evaluated last
+_PREDICT = LastModelCache()  # the predict function of the model that predicted last
 
 
 def evaluate(
@@ -131,3 +133,121 @@ def _on_chief(model, dataset, callbacks: list, verbose: int) -> dict:
     logs = {key: float(value) for key, value in logs.items()}
     callback_list.on_test_end(logs)
     return logs
+
+
+def predict(
+    model: Any,
+    x: Any,
+    *,
+    batch_size: int | None = None,
+    per_replica_batch_size: int | None = None,
+    verbose: int | str = "auto",
+    cluster: ClusterSpec | None = None,
+) -> Any:
+    """The outputs of a compiled Keras 3 or tf_keras ``model`` for every example of ``x``, in
+    order, as NumPy arrays (one array per output, as Keras' ``predict``), on every task.
+
+    Like :func:`evaluate`, it runs under the strategy the model was built in, each replica on
+    its own part of the examples; the replicas' outputs are gathered in order. Call it on every
+    task that trained, as ``fit`` is (under multi_worker_mirrored, every worker gets all the
+    outputs); under parameter servers the chief predicts alone.
+
+    Args:
+      x: the inputs: an array, or a dict or list of arrays (a model with several inputs); or
+        any data ``evaluate`` takes (its labels are not used).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = getattr(model, "distribute_strategy", None)
+    adapter = adapter_for(model, strategy)
+    adapter.check(model)
+    cluster = detect() if cluster is None else cluster
+    traits = strategy_mod.traits(strategy, cluster)
+    if _inputs_only(x):
+        count = len(tf.nest.flatten(x)[0])
+        x = (x, np.zeros(count, np.int32))  # no labels: a placeholder the predict step ignores
+    source = _source(x, model)
+    sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
+                                        per_replica_batch_size=per_replica_batch_size)
+    verbose = verbosity(verbose, cluster)
+    try:
+        if traits.coordinated:
+            batches = _predict_on_chief(model, data_mod.validation_dataset(source, sizes.global_batch_size), verbose)
+        else:
+            dataset, steps = data_mod.validation_input(source, sizes, strategy=strategy)
+            batches = _predict_replicas(model, strategy, dataset, steps, verbose)
+    except BaseException as e:
+        failure = data_mod.read_failure(e, source)
+        if failure is not None:
+            raise failure from None
+        raise
+    outputs = tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *batches)
+    count = len(tf.nest.flatten(outputs)[0])
+    if count != source.num_examples:  # a defect of tfdist's, not of the user's data
+        raise RuntimeError(f"tfdist.predict gathered {count} outputs for {source.num_examples} examples")
+    return outputs
+
+
+def _inputs_only(x: Any) -> bool:
+    """Whether ``x`` is model inputs without labels: an array, or a dict of arrays."""
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return True
+    return isinstance(x, dict) and all(isinstance(v, np.ndarray) for v in x.values())
+
+
+def _progress(model, steps: int | None, verbose: int):
+    keras = keras_of(model)
+    return keras.utils.Progbar(steps, verbose=verbose) if verbose else None
+
+
+def _predict_replicas(model, strategy, dataset, steps: int, verbose: int) -> list:
+    """Each step's outputs, gathered from every replica in replica order; returned as the
+    replicas' contiguous parts one after another (replica r holds the r-th part of the examples)."""
+    import numpy as np
+    import tensorflow as tf
+
+    def make():
+        def replica(data):
+            outputs = model.predict_step(data)
+            return outputs, tf.shape(tf.nest.flatten(outputs)[0])[:1]
+
+        def run(batch):
+            outputs, counts = strategy.run(replica, args=(batch,))
+            gather = lambda value: strategy.gather(value, axis=0)  # noqa: E731
+            return tf.nest.map_structure(gather, outputs), gather(counts)
+
+        return tf.function(run, reduce_retracing=True, autograph=False)
+
+    run = _PREDICT.get(model, make)
+    replicas = strategy.num_replicas_in_sync
+    parts: list[list] = [[] for _ in range(replicas)]
+    bar = _progress(model, steps, verbose)
+    for i, batch in enumerate(dataset):
+        if i >= steps:
+            break
+        outputs, counts = run(batch)
+        outputs, bounds = tf.nest.map_structure(np.asarray, outputs), np.cumsum([0, *np.asarray(counts)])
+        for r in range(replicas):
+            parts[r].append(tf.nest.map_structure(lambda value: value[bounds[r]:bounds[r + 1]], outputs))
+        if bar is not None:
+            bar.update(i + 1)
+    return [part for replica_parts in parts for part in replica_parts]
+
+
+def _predict_on_chief(model, dataset, verbose: int) -> list:
+    """Parameter servers: the model's ``predict_step`` over ``dataset`` in this process."""
+    import numpy as np
+    import tensorflow as tf
+
+    run = _PREDICT.get(model, lambda: tf.function(model.predict_step, reduce_retracing=True, autograph=False))
+    steps = int(dataset.cardinality()) if int(dataset.cardinality()) >= 0 else None
+    bar = _progress(model, steps, verbose)
+    batches = []
+    for i, batch in enumerate(dataset):
+        batches.append(tf.nest.map_structure(np.asarray, run(batch)))
+        if bar is not None:
+            bar.update(i + 1)
+    return batches

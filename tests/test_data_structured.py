@@ -69,7 +69,7 @@ def test_arrays_of_several_inputs_and_weights_are_gathered_by_index_in_their_str
     np.testing.assert_array_equal(x["image"], X["image"][:4])
     np.testing.assert_array_equal(w, W[:4])
     # A list of inputs is several inputs too; a plain list of numbers is one array.
-    assert data.ArraySource([X["image"], X["meta"]], Y).example_shape == [(4, 4, 1), (3,)]
+    assert data.ArraySource([X["image"], X["meta"]], Y).example_shape == ((4, 4, 1), (3,))
     assert data.ArraySource([[1.0, 2.0], [3.0, 4.0]], [0, 1]).example_shape == (2,)
 
 
@@ -231,3 +231,29 @@ def test_mirrored_two_input_weighted_run_matches_one_device_and_resumes_bit_iden
     for key, values in result["one"].items():  # the same global batches, weights and metrics as one device
         atol = 1.5 / N if "accuracy" in key else 1e-5
         np.testing.assert_allclose(result["mirrored"][key], values, rtol=1e-4, atol=atol, err_msg=key)
+
+
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_a_list_of_inputs_of_different_shapes_trains_as_keras_reads_it(keras_name):
+    # tf.data would stack a list in an element into one tensor (failing for different shapes); tfdist
+    # passes it as several inputs, as Keras' model.fit([xa, xb], y) does.
+    import tfdist
+
+    keras = __import__(keras_name)
+
+    def build():
+        a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+        model = keras.Model([a, b], keras.layers.Dense(4, kernel_initializer="ones")(keras.layers.Concatenate()([a, b])))
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    xa, xb = rng.normal(size=(40, 3)).astype("float32"), rng.normal(size=(40, 2)).astype("float32")
+    y = rng.normal(size=(40, 4)).astype("float32")
+    options = dict(epochs=3, batch_size=8, strategy="one_device", seed=0, deterministic=True, verbose=0)
+    as_list = tfdist.fit(build, ([xa, xb], y), **options)
+    as_tuple = tfdist.fit(build, ((xa, xb), y), **options)
+    assert as_list.history["loss"] == as_tuple.history["loss"]
+    assert as_list.history["loss"][-1] < as_list.history["loss"][0]
+    outputs = tfdist.predict(as_list.model, [xa, xb], verbose=0)
+    np.testing.assert_allclose(outputs, as_list.model.predict([xa, xb], verbose=0), atol=1e-5)

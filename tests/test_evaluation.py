@@ -68,8 +68,24 @@ def test_predict_returns_every_output_in_order(trained):
     outputs = tfdist.predict(history.model, x, batch_size=8, verbose=0)
     assert isinstance(outputs, np.ndarray) and outputs.shape == (101, 10)
     np.testing.assert_allclose(outputs, history.model.predict(x, verbose=0), atol=1e-5)
-    # Data with labels (any form evaluate takes): the labels are not used.
-    np.testing.assert_array_equal(tfdist.predict(history.model, (x, val.y[:101]), batch_size=8, verbose=0), outputs)
+    # A source with labels (any form evaluate takes): the labels are not used.
+    from tfdist.data import ArraySource
+
+    labelled = ArraySource(x, val.y[:101])
+    np.testing.assert_array_equal(tfdist.predict(history.model, labelled, batch_size=8, verbose=0), outputs)
+
+
+def test_predict_takes_several_inputs_as_keras_does():
+    import keras
+
+    a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+    model = keras.Model([a, b], keras.layers.Dense(4)(keras.layers.Concatenate()([a, b])))
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(0)
+    xa, xb = rng.normal(size=(10, 3)).astype("float32"), rng.normal(size=(10, 2)).astype("float32")
+    expected = model.predict([xa, xb], verbose=0)
+    for inputs in ([xa, xb], (xa, xb), {"a": xa, "b": xb}):
+        np.testing.assert_allclose(tfdist.predict(model, inputs, batch_size=4, verbose=0), expected, atol=1e-6)
 
 
 def test_callbacks_get_keras_test_calls(trained):

@@ -41,12 +41,14 @@ def hash_arrays(*arrays: np.ndarray) -> str:
 
 def _as_arrays(value: Any) -> Any:
     """``value`` as a nest of NumPy arrays: dicts and lists/tuples of arrays are several inputs (as
-    Keras reads them); anything else (an array, a tensor, a list of numbers, NumPy's included) is one array."""
+    Keras reads them); anything else (an array, a tensor, a list of numbers, NumPy's included) is one array.
+    A list of arrays becomes a tuple: tf.data reads a list in an element as one tensor to stack
+    (which fails for arrays of different shapes), a tuple as several."""
     if isinstance(value, dict):
         return {key: _as_arrays(v) for key, v in value.items()}
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) or getattr(v, "ndim", 0) >= 1
                                                           for v in value):
-        return type(value)(_as_arrays(v) for v in value)
+        return tuple(_as_arrays(v) for v in value)
     return np.asarray(value)
 
 

@@ -153,8 +153,9 @@ def predict(
     outputs); under parameter servers the chief predicts alone.
 
     Args:
-      x: the inputs: an array, or a dict or list of arrays (a model with several inputs); or
-        any data ``evaluate`` takes (its labels are not used).
+      x: the inputs, as Keras' ``predict(x)`` takes them: an array, or a dict, list or tuple
+        of arrays (a model with several inputs); or a source or name ``evaluate`` takes
+        (``TFRecordSource``, ``ImageFolderSource``, ``"digits"``...; its labels are not used).
     """
     import numpy as np
     import tensorflow as tf
@@ -190,12 +191,15 @@ def predict(
 
 
 def _inputs_only(x: Any) -> bool:
-    """Whether ``x`` is model inputs without labels: an array, or a dict of arrays."""
+    """Whether ``x`` is the model's inputs, as Keras' ``predict(x)`` reads it: an array, or a
+    dict, list or tuple of arrays (several inputs)."""
     import numpy as np
+    import tensorflow as tf
 
-    if isinstance(x, np.ndarray):
-        return True
-    return isinstance(x, dict) and all(isinstance(v, np.ndarray) for v in x.values())
+    if not isinstance(x, (np.ndarray, dict, list, tuple)):
+        return False
+    leaves = tf.nest.flatten(x)
+    return bool(leaves) and all(isinstance(leaf, np.ndarray) for leaf in leaves)
 
 
 def _progress(model, steps: int | None, verbose: int):

@@ -165,9 +165,10 @@ def predict(
     adapter.check(model)
     cluster = detect() if cluster is None else cluster
     traits = strategy_mod.traits(strategy, cluster)
-    if _inputs_only(x):
-        count = len(tf.nest.flatten(x)[0])
-        x = (x, np.zeros(count, np.int32))  # no labels: a placeholder the predict step ignores
+    if isinstance(x, (np.ndarray, dict, list, tuple)):  # the inputs, as Keras' predict(x) reads them
+        if not all(isinstance(leaf, np.ndarray) for leaf in tf.nest.flatten(x)):
+            x = np.asarray(x)  # numbers in nested lists: one array
+        x = (x, np.zeros(len(tf.nest.flatten(x)[0]), np.int32))  # no labels: a placeholder the predict step ignores
     source = _source(x, model)
     sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
                                         per_replica_batch_size=per_replica_batch_size)
@@ -188,18 +189,6 @@ def predict(
     if count != source.num_examples:  # a defect of tfdist's, not of the user's data
         raise RuntimeError(f"tfdist.predict gathered {count} outputs for {source.num_examples} examples")
     return outputs
-
-
-def _inputs_only(x: Any) -> bool:
-    """Whether ``x`` is the model's inputs, as Keras' ``predict(x)`` reads it: an array, or a
-    dict, list or tuple of arrays (several inputs)."""
-    import numpy as np
-    import tensorflow as tf
-
-    if not isinstance(x, (np.ndarray, dict, list, tuple)):
-        return False
-    leaves = tf.nest.flatten(x)
-    return bool(leaves) and all(isinstance(leaf, np.ndarray) for leaf in leaves)
 
 
 def _progress(model, steps: int | None, verbose: int):

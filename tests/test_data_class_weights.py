@@ -95,8 +95,8 @@ def test_each_kind_of_label_maps_to_its_class_weight_and_a_sample_weight_is_mult
 
 
 @pytest.mark.parametrize("y,match", [
-    ({"a": Y}, r"one output; received labels that are a dict"),
-    ([Y, Y], r"one output; received labels that are a list"),
+    ({"a": Y}, r"one output; received labels that are a dict of arrays"),
+    ([Y, Y], r"one output; received labels that are a list or tuple of arrays"),
     (np.stack([Y, Y, Y], axis=1), r"received labels of shape \(n, 3\) and dtype int64"),
     (np.zeros((N, 2, 4), np.float32), r"received labels of shape \(n, 2, 4\) and dtype float32"),
 ])

@@ -71,8 +71,9 @@ class ClassWeights:
         y = sample[1]
         if isinstance(y, (dict, list, tuple)):
             raise DataError(
-                f"`class_weight` needs a model with one output; received labels that are a {type(y).__name__} "
-                f"in {source_name}. Fix: pass one label array, or weigh the examples with a sample_weight instead."
+                f"`class_weight` needs a model with one output; received labels that are "
+                f"{'a dict' if isinstance(y, dict) else 'a list or tuple'} of arrays in {source_name}. "
+                "Fix: pass one label array, or weigh the examples with a sample_weight instead."
             )
         _label_kind(np.shape(y), np.asarray(y).dtype, source_name=source_name)
 

@@ -240,8 +240,9 @@ def num_classes(train: Any, validation: Any = None) -> int:
         labels = [s.y for s in (train, validation) if isinstance(s, ArraySource)]
         nested = [y for y in labels if not isinstance(y, np.ndarray)]
         if nested:
-            raise DataError("the number of classes of labels in several arrays is undefined; received y as a "
-                            f"{type(nested[0]).__name__}. Fix: pass one label array, shape (N,).")
+            raise DataError("the number of classes of labels in several arrays is undefined; received y as "
+                            f"{'a dict' if isinstance(nested[0], dict) else 'a list or tuple'} of arrays. "
+                            "Fix: pass one label array, shape (N,).")
         for y in labels:
             flat = y.reshape(len(y), -1)
             integral = np.issubdtype(y.dtype, np.integer) or (

@@ -119,7 +119,10 @@ def names_a_data_set(spec: str) -> bool:
     return spec == "digits" or spec.startswith("tfds:") or spec.endswith(".npz")
 
 
-def _is_folder(spec: str) -> bool:
+def _names_a_folder(spec: Any, features: str | None) -> bool:
+    """Whether ``--data`` names a folder (of images): one path, no feature spec, not a data set name."""
+    if not (isinstance(spec, str) and spec and features is None and not names_a_data_set(spec)):
+        return False
     import tensorflow as tf
 
     return tf.io.gfile.isdir(spec)
@@ -139,8 +142,7 @@ def load(spec: str | list[str], *, features: str | None = None, validation: str 
     ``tfdist.data.features``) or ``tfds:NAME``; ``validation`` names validation files (or, for
     images, the folder of validation images). ``image_size`` applies to images only.
     """
-    folder = isinstance(spec, str) and features is None and bool(spec) and not names_a_data_set(spec) and \
-        _is_folder(spec)
+    folder = _names_a_folder(spec, features)
     if image_size is not None and not folder:
         raise DataError(f"an image size applies to a folder of images only; received data={spec!r} with image size "
                         f"{image_size[0]}x{image_size[1]}. Fix: drop the image size, or pass a folder of images in "
@@ -197,8 +199,7 @@ def load_to_evaluate(spec: str | list[str], *, features: str | None = None, imag
             raise DataError(f"{spec} has no validation or test split prepared; received data={spec!r}. Fix: prepare one, "
                             "or pass the examples to evaluate (arrays, files, or a folder of images).")
         return held_out if held_out is not None else train
-    if isinstance(spec, str) and features is None and spec and not names_a_data_set(spec) and _is_folder(spec):
-        # Every image, none held out.
+    if _names_a_folder(spec, features):  # every image, none held out
         return ImageFolderSource(spec, image_size=image_size or model_image_size or DEFAULT_IMAGE_SIZE)
     return load(spec, features=features, image_size=image_size)[0]  # files; or the error load gives
 

@@ -12,6 +12,8 @@ every task. (The sidecar that evaluates each checkpoint as it appears is ``evalu
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 from typing import Any, Sequence
 
@@ -66,32 +68,69 @@ def evaluate(
     """
     if y is not None:
         data = data_mod.with_labels(data, y)
-    strategy = getattr(model, "distribute_strategy", None)  # every Keras model has one
-    adapter = adapter_for(model, strategy)
-    adapter.check(model)
-    cluster = detect() if cluster is None else cluster
-    traits = strategy_mod.traits(strategy, cluster)
-    source = _source(data, model)
-    sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
-                                        per_replica_batch_size=per_replica_batch_size)
-    adapter.prepare_evaluation(model, sample=source.sample(sizes.micro_batch_size))  # e.g. a model just loaded
-    verbose = verbosity(verbose, cluster)
+    run = _Inference.of(model, data, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
+                        verbose=verbose, cluster=cluster)
+    run.adapter.prepare_evaluation(model, sample=run.source.sample(run.sizes.micro_batch_size))  # e.g. just loaded
     callbacks = list(callbacks or ())
-    try:
-        if traits.coordinated:
-            log.info("evaluating %d examples on the chief in batches of %d (parameter_server: the workers are not "
-                     "used)", source.num_examples or 0, sizes.global_batch_size)
-            logs = _on_chief(model, data_mod.validation_dataset(source, sizes.global_batch_size), callbacks, verbose)
+    with run.own_errors():
+        dataset, steps = run.input()
+        if run.on_chief:
+            logs = _on_chief(model, dataset, steps, callbacks, run.verbose)
         else:
-            dataset, steps = data_mod.validation_input(source, sizes, strategy=strategy)
-            log.info("evaluating under %s: %s", traits.name, sizes.describe())
-            logs = adapter.evaluate(model, dataset, steps=steps, callbacks=callbacks, verbose=verbose)
-    except BaseException as e:
-        failure = data_mod.read_failure(e, source)
-        if failure is not None:  # a Python dataset's own error, not TensorFlow's wrapping of it
-            raise failure from None
-        raise
+            logs = run.adapter.evaluate(model, dataset, steps=steps, callbacks=callbacks, verbose=run.verbose)
     return {key: float(value) for key, value in logs.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inference:
+    """What ``evaluate`` and ``predict`` share: the model's strategy and adapter, the source, the
+    batch sizes, this task's verbosity."""
+
+    strategy: Any
+    adapter: Any
+    traits: strategy_mod.Traits
+    source: Any
+    sizes: data_mod.BatchSizes
+    verbose: int
+
+    @classmethod
+    def of(cls, model, data, *, batch_size, per_replica_batch_size, verbose, cluster) -> "_Inference":
+        strategy = getattr(model, "distribute_strategy", None)  # every Keras model has one
+        adapter = adapter_for(model, strategy)
+        adapter.check(model)
+        cluster = detect() if cluster is None else cluster
+        sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
+                                            per_replica_batch_size=per_replica_batch_size)
+        return cls(strategy=strategy, adapter=adapter, traits=strategy_mod.traits(strategy, cluster),
+                   source=_source(data, model), sizes=sizes, verbose=verbosity(verbose, cluster))
+
+    @property
+    def on_chief(self) -> bool:
+        """Under parameter servers the chief reads every example itself (the variables stay on the ps tasks)."""
+        return self.traits.coordinated
+
+    def input(self) -> tuple:
+        """``(dataset, steps)``: the chief's own batches, or fit's validation input (each replica its part)."""
+        if self.on_chief:
+            log.info("inference on the chief: %d examples in batches of %d (parameter_server: the workers are "
+                     "not used)",
+                     self.source.num_examples or 0, self.sizes.global_batch_size)
+            dataset = data_mod.validation_dataset(self.source, self.sizes.global_batch_size)
+            steps = int(dataset.cardinality())
+            return dataset, steps if steps >= 0 else None
+        log.info("inference under %s: %s", self.traits.name, self.sizes.describe())
+        return data_mod.validation_input(self.source, self.sizes, strategy=self.strategy)
+
+    @contextlib.contextmanager
+    def own_errors(self):
+        """A Python dataset's own error, not TensorFlow's wrapping of it."""
+        try:
+            yield
+        except BaseException as e:
+            failure = data_mod.read_failure(e, self.source)
+            if failure is not None:
+                raise failure from None
+            raise
 
 
 def _source(data: Any, model):
@@ -100,7 +139,7 @@ def _source(data: Any, model):
     if not isinstance(data, str):
         return data_mod.as_source(data)
     source = data_mod.load_to_evaluate(data, model_image_size=image_size_of(model))
-    log.info("evaluating %s examples of %s", source.num_examples, data)
+    log.info("%s examples of %s", source.num_examples, data)
     return source
 
 
@@ -113,13 +152,12 @@ def image_size_of(model) -> tuple[int, int] | None:
     return None
 
 
-def _on_chief(model, dataset, callbacks: list, verbose: int) -> dict:
+def _on_chief(model, dataset, steps: int | None, callbacks: list, verbose: int) -> dict:
     """Keras 3 and tf_keras alike: the model's ``test_step`` over ``dataset`` in this process
     (under parameter servers its variables are read from the ps tasks), with Keras' callbacks."""
     import tensorflow as tf
 
     keras = keras_of(model)
-    steps = int(dataset.cardinality()) if int(dataset.cardinality()) >= 0 else None
     callback_list = keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, model=model, verbose=verbose,
                                                  epochs=1, steps=steps)
     test = _ON_CHIEF.get(model, lambda: tf.function(model.test_step, reduce_retracing=True, autograph=False))
@@ -160,30 +198,19 @@ def predict(
     import numpy as np
     import tensorflow as tf
 
-    strategy = getattr(model, "distribute_strategy", None)
-    adapter = adapter_for(model, strategy)
-    adapter.check(model)
-    cluster = detect() if cluster is None else cluster
-    traits = strategy_mod.traits(strategy, cluster)
     if isinstance(x, (np.ndarray, dict, list, tuple)):  # the inputs, as Keras' predict(x) reads them
         if not all(isinstance(leaf, np.ndarray) for leaf in tf.nest.flatten(x)):
             x = np.asarray(x)  # numbers in nested lists: one array
         x = (x, np.zeros(len(tf.nest.flatten(x)[0]), np.int32))  # no labels: a placeholder the predict step ignores
-    source = _source(x, model)
-    sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
-                                        per_replica_batch_size=per_replica_batch_size)
-    verbose = verbosity(verbose, cluster)
-    try:
-        if traits.coordinated:
-            batches = _predict_on_chief(model, data_mod.validation_dataset(source, sizes.global_batch_size), verbose)
+    run = _Inference.of(model, x, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
+                        verbose=verbose, cluster=cluster)
+    source = run.source
+    with run.own_errors():
+        dataset, steps = run.input()
+        if run.on_chief:
+            batches = _predict_on_chief(model, dataset, steps, run.verbose)
         else:
-            dataset, steps = data_mod.validation_input(source, sizes, strategy=strategy)
-            batches = _predict_replicas(model, strategy, dataset, steps, verbose)
-    except BaseException as e:
-        failure = data_mod.read_failure(e, source)
-        if failure is not None:
-            raise failure from None
-        raise
+            batches = _predict_replicas(model, run.strategy, dataset, steps, run.verbose)
     outputs = tf.nest.map_structure(lambda *parts: np.concatenate(parts, axis=0), *batches)
     count = len(tf.nest.flatten(outputs)[0])
     if count != source.num_examples:  # a defect of tfdist's, not of the user's data
@@ -230,13 +257,12 @@ def _predict_replicas(model, strategy, dataset, steps: int, verbose: int) -> lis
     return [part for replica_parts in parts for part in replica_parts]
 
 
-def _predict_on_chief(model, dataset, verbose: int) -> list:
+def _predict_on_chief(model, dataset, steps: int | None, verbose: int) -> list:
     """Parameter servers: the model's ``predict_step`` over ``dataset`` in this process."""
     import numpy as np
     import tensorflow as tf
 
     run = _PREDICT.get(model, lambda: tf.function(model.predict_step, reduce_retracing=True, autograph=False))
-    steps = int(dataset.cardinality()) if int(dataset.cardinality()) >= 0 else None
     bar = _progress(model, steps, verbose)
     batches = []
     for i, batch in enumerate(dataset):

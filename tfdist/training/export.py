@@ -12,6 +12,7 @@ import tempfile
 
 from tfdist import storage
 from tfdist.errors import ModelError
+from tfdist.training.keras_common import keras_of
 
 log = logging.getLogger("tfdist")
 
@@ -54,7 +55,7 @@ def save_model(model, path: str, *, cluster=None) -> None:
             storage.makedirs(storage.dirname(storage.absolute(path)))
             storage.copy_atomic(local, path)
             log.info("trained model written to %s (%.1f MB; load it with %s.models.load_model)", path,
-                     os.path.getsize(local) / 1e6, "tf_keras" if type(model).__module__.startswith("tf_keras") else "keras")
+                     os.path.getsize(local) / 1e6, keras_of(model).__name__)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -78,28 +79,33 @@ def keras_of_file(local: str) -> str:
 def load_model(path: str, *, strategy=None, what: str = "path"):
     """The model of a ``.keras`` file on any TensorFlow filesystem, loaded with the Keras that wrote
     it (Keras 3 or tf_keras), its variables created in ``strategy``'s scope (default: none)."""
-    import contextlib
-    import importlib
-
     check_name(path, what=what, reading=True)
     storage.check_supported(path, what=what)
     if not storage.isfile(path):
         raise ModelError(f"no such model file; received {what}={path!r}. Fix: pass the {SUFFIX} file that tfdist "
                          f"train (OUTPUT_DIR/model{SUFFIX}) or tfdist.save_model wrote.")
+    if not storage.is_url(path):
+        return _load_local(path, path, strategy)
     scratch = tempfile.mkdtemp(prefix="tfdist-model-")
-    try:
-        local = path
-        if storage.is_url(path):  # Keras reads local files
-            local = os.path.join(scratch, "model" + SUFFIX)
-            with open(local, "wb") as f:
-                f.write(storage.read_bytes(path))
-        try:
-            keras = importlib.import_module(keras_of_file(local))
-        except ModelError as e:
-            raise ModelError(f"{path!r} is {e}") from None
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            model = keras.models.load_model(local)
-        log.info("model %s loaded from %s (%s)", model.name, path, keras.__name__)
-        return model
+    try:  # Keras reads local files
+        local = os.path.join(scratch, "model" + SUFFIX)
+        with open(local, "wb") as f:
+            f.write(storage.read_bytes(path))
+        return _load_local(local, path, strategy)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _load_local(local: str, path: str, strategy):
+    """The model of the local file ``local`` (a copy of ``path``, named in errors and the log)."""
+    import contextlib
+    import importlib
+
+    try:
+        keras = importlib.import_module(keras_of_file(local))
+    except ModelError as e:
+        raise ModelError(f"{path!r} is {e}") from None
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = keras.models.load_model(local)
+    log.info("model %s loaded from %s (%s)", model.name, path, keras.__name__)
+    return model

@@ -296,12 +296,11 @@ _EVALUATED = LastModelCache()  # the test function of the model evaluated last
 def evaluate_loop(model, *, strategy, data, steps: int | None = None, callbacks: Sequence[Any] = (),
                   verbose: int = 1) -> dict:
     """Keras' ``evaluate`` under any synchronous ``strategy``: one pass over ``data`` (a
-    distributed dataset, or a batched ``tf.data.Dataset``; at most ``steps`` batches) with the
-    model's ``test_step`` in every replica; returns the logs, the metrics of every example read.
+    distributed dataset; at most ``steps`` batches) with the model's ``test_step`` in every
+    replica; returns the logs, the metrics of every example read.
 
     Every process of a synchronous cluster must call it with the same arguments."""
     import keras
-    import tensorflow as tf
 
     check_model(model)
 
@@ -311,8 +310,6 @@ def evaluate_loop(model, *, strategy, data, steps: int | None = None, callbacks:
         return _Functions(model, strategy, model.train_step, metric_names, parameter_server=False)
 
     functions = _EVALUATED.get(model, make)
-    if isinstance(data, tf.data.Dataset):
-        data = strategy.experimental_distribute_dataset(data)
     callback_list = keras.callbacks.CallbackList(list(callbacks), add_progbar=verbose != 0, model=model,
                                                  verbose=verbose, epochs=1, steps=steps)
     return _validate(model, strategy, functions, callback_list, data, steps, None)

@@ -196,8 +196,8 @@ def load_to_evaluate(spec: str | list[str], *, features: str | None = None, imag
     if isinstance(spec, str) and features is None and image_size is None and names_a_data_set(spec):
         train, held_out = load_npz(spec, validation_fraction=0) if spec.endswith(".npz") else load(spec)
         if held_out is None and not spec.endswith(".npz"):
-            raise DataError(f"{spec} has no validation or test split prepared; received data={spec!r}. Fix: prepare one, "
-                            "or pass the examples to evaluate (arrays, files, or a folder of images).")
+            raise DataError(f"{spec} has no validation or test split prepared; received data={spec!r}. Fix: prepare "
+                            "one, or pass the examples to evaluate (arrays, files, or a folder of images).")
         return held_out if held_out is not None else train
     if _names_a_folder(spec, features):  # every image, none held out
         return ImageFolderSource(spec, image_size=image_size or model_image_size or DEFAULT_IMAGE_SIZE)

@@ -117,6 +117,22 @@ def test_images_in_folders_evaluate_as_fit_validated_them(tmp_path):
     assert result == {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")}
 
 
+def test_tfrecord_files_evaluate_and_predict_as_fit_validated_them(tmp_path):
+    from test_data_files import write_digits
+    from tfdist import data
+
+    digits = write_digits(tmp_path / "digits", files=2)
+    train, validation = data.load(digits["train"], features=digits["features"], validation=digits["validation"])
+    history = tfdist.fit(_builder("keras"), train, validation_data=validation, epochs=1, batch_size=64,
+                         strategy="one_device", seed=0, verbose=0)
+    last = {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")}
+    assert tfdist.evaluate(history.model, validation, batch_size=64, verbose=0) == last
+    outputs = tfdist.predict(history.model, validation, batch_size=64, verbose=0)
+    labels = load_digits()[1].y
+    assert outputs.shape == (digits["num_validation"], 10)
+    assert np.mean(np.argmax(outputs, axis=-1) == labels) == pytest.approx(last["accuracy"], abs=1e-7)
+
+
 def test_defects_are_named_with_the_fix(trained):
     import keras
 

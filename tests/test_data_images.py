@@ -86,6 +86,39 @@ def test_the_listing_pixels_and_labels_are_keras_image_dataset_from_directory(fo
     assert any("/nested/" in f for f in source.files) and not any(f.endswith(".txt") for f in source.files)
 
 
+def test_labels_none_or_a_list_read_every_image_at_any_depth_as_keras_does(folder):
+    import keras
+
+    expected = keras.utils.image_dataset_from_directory(folder, labels=None, image_size=(12, 10), shuffle=False,
+                                                        batch_size=None, verbose=False)
+    x_keras = np.stack([x.numpy() for x in expected])
+    unlabelled = ImageFolderSource(folder, labels=None, image_size=(12, 10))
+    assert not unlabelled.labelled and unlabelled.num_examples == len(x_keras) == 36
+    assert np.array_equal(unlabelled.sample(100)[0], x_keras)
+    given = [i % 2 for i in range(36)]  # one per image, in the order of the paths
+    expected = keras.utils.image_dataset_from_directory(folder, labels=given, label_mode="binary", image_size=(12, 10),
+                                                        shuffle=False, batch_size=None, verbose=False)
+    source = ImageFolderSource(folder, labels=np.array(given), label_mode="binary", image_size=(12, 10))
+    x, y = source.sample(100)
+    assert np.array_equal(x, x_keras) and np.array_equal(y, np.stack([y.numpy() for _, y in expected]))
+    assert source.labelled and source.num_classes == 2 and source.fingerprint() != unlabelled.fingerprint()
+    # Images without labels are for predicting: training and evaluating on them are refused.
+    with pytest.raises(DataError, match=r"training needs labelled examples; received 'images in .*', read with "
+                                        r"labels=None. Fix: pass labels='inferred'"):
+        _fit(ImageFolderSource(folder, labels=None, image_size=(16, 16)), epochs=1)
+    with pytest.raises(DataError, match=r"validation needs labelled examples"):
+        _fit(ImageFolderSource(folder, image_size=(16, 16)), epochs=1,
+             validation_data=ImageFolderSource(folder, labels=None, image_size=(16, 16)))
+    with pytest.raises(DataError, match=r"received 3 labels for 36 images under .*Fix: pass labels='inferred'"):
+        ImageFolderSource(folder, labels=[0, 1, 2])
+    with pytest.raises(DataError, match=r"received 36 labels for 36 images under .*, not all of them integers >= 0"):
+        ImageFolderSource(folder, labels=[-1] * 36)
+    with pytest.raises(DataError, match=r"Invalid `labels`; received labels='infered'. Fix: pass 'inferred'"):
+        ImageFolderSource(folder, labels="infered")
+    with pytest.raises(DataError, match=r"class_names=\['cat'\] with labels=None. Fix: leave class_names out"):
+        ImageFolderSource(folder, labels=None, class_names=["cat"])
+
+
 def test_a_crash_mid_epoch_resumes_bit_identically_with_images_and_checkpoints_off_the_local_disk(tmp_path):
     images = write_images("ram://" + str(tmp_path / "images"))  # stands in for gs://, as the checkpoints do
     directory = "ram://" + str(tmp_path / "ckpt")

@@ -50,7 +50,7 @@ from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource, check_validation
 from tfdist.data.batching import DEFAULT_PER_REPLICA_BATCH, BatchSizes
 from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import Layout, TFRecordSource
-from tfdist.data.images import ImageFolderSource, check_same_classes
+from tfdist.data.images import ImageFolderSource, check_labelled, check_same_classes
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.loading import as_source, load, load_digits, load_npz, load_to_evaluate, num_classes, with_labels
 from tfdist.data.order import DataPlan
@@ -73,6 +73,7 @@ __all__ = [
     "StreamSource",
     "TFRecordSource",
     "as_source",
+    "check_labelled",
     "check_same_classes",
     "check_validation_split",
     "dataset_fn",

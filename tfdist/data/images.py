@@ -35,7 +35,7 @@ from tfdist.errors import DataError
 
 log = logging.getLogger("tfdist")
 
-__all__ = ["ImageFolderSource", "FORMATS", "check_same_classes"]
+__all__ = ["ImageFolderSource", "FORMATS", "check_labelled", "check_same_classes"]
 
 FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 """The file suffixes read as images (Keras' ``ALLOWLIST_FORMATS``), in any case."""
@@ -52,14 +52,32 @@ def _join(directory: str, name: str) -> str:
     return directory.rstrip("/") + "/" + name
 
 
+def _walk(directory: str, top: str, prefix: str) -> list[str]:
+    """The image files under ``top`` (at any depth), as paths under ``directory`` starting with
+    ``prefix``, in Keras' order: sorted by folder, then by name."""
+    import tensorflow as tf
+
+    files = []
+    for root, _, filenames in sorted(tf.io.gfile.walk(top), key=lambda entry: entry[0]):
+        folder = (prefix + root[len(top):].replace("\\", "/")).strip("/")
+        files += [f"{folder}/{f}" if folder else f for f in sorted(filenames) if f.lower().endswith(FORMATS)]
+    return files
+
+
+def _check_folder(directory: str) -> None:
+    import tensorflow as tf
+
+    if not tf.io.gfile.isdir(directory):
+        raise DataError(f"the image folder does not exist or is not a directory; received directory={directory!r}. "
+                        "Fix: pass the folder of images (directory/<class>/<image>, or any images for labels=None).")
+
+
 def _listing(directory: str, class_names: Sequence[str] | None) -> tuple[list[str], list[int], tuple[str, ...]]:
     """(each image's path under ``directory``, its class number, the class names), in Keras' order."""
     import tensorflow as tf
 
     gfile = tf.io.gfile
-    if not gfile.isdir(directory):
-        raise DataError(f"the image folder does not exist or is not a directory; received directory={directory!r}. "
-                        "Fix: pass the folder that holds one subfolder per class (directory/<class>/<image>).")
+    _check_folder(directory)
     subdirs = sorted(name.rstrip("/") for name in gfile.listdir(directory)
                      if not name.startswith(".") and gfile.isdir(_join(directory, name.rstrip("/"))))
     if class_names is not None:
@@ -71,19 +89,35 @@ def _listing(directory: str, class_names: Sequence[str] | None) -> tuple[list[st
                             "subfolders' names, each once, or leave class_names out for all of them.")
     elif not subdirs:
         raise DataError(f"the image folder has no class subfolders; received directory={directory!r}. Fix: put each "
-                        "class's images in its own subfolder (directory/<class>/<image>).")
+                        "class's images in its own subfolder (directory/<class>/<image>), or pass labels=None (no "
+                        "labels: to predict) or a list of labels, one per image.")
     names = class_names if class_names is not None else tuple(subdirs)
     files, labels = [], []
     for label, name in enumerate(names):
-        top = _join(directory, name)
-        for root, _, filenames in sorted(gfile.walk(top), key=lambda entry: entry[0]):
-            prefix = name + root[len(top):].replace("\\", "/")
-            files += [f"{prefix}/{f}" for f in sorted(filenames) if f.lower().endswith(FORMATS)]
-            labels += [label] * (len(files) - len(labels))
+        files += _walk(directory, _join(directory, name), name)
+        labels += [label] * (len(files) - len(labels))
     if not files:
         raise DataError(f"the image folder holds no images; received directory={directory!r} with classes "
                         f"{list(names)}. Fix: put files ending in {', '.join(FORMATS)} in the class subfolders.")
     return files, labels, names
+
+
+def _listing_given(directory: str, labels: Sequence[int] | None) -> tuple[list[str], list[int], tuple[str, ...]]:
+    """``labels=None`` or a list: every image under ``directory`` at any depth, in Keras' order,
+    with no labels (zeros the predict step ignores) or with ``labels``, one per image in that order."""
+    _check_folder(directory)
+    files = _walk(directory, directory, "")
+    if not files:
+        raise DataError(f"the image folder holds no images; received directory={directory!r}. Fix: put files ending "
+                        f"in {', '.join(FORMATS)} in it (at any depth).")
+    if labels is None:
+        return files, [0] * len(files), ()
+    if len(labels) != len(files) or not all(_checks.is_int(v) and v >= 0 for v in labels):
+        raise DataError(f"`labels` must hold one class number (0, 1, ...) per image, in the order of the images' "
+                        f"paths; received {len(labels)} labels for {len(files)} images under {directory!r}"
+                        f"{'' if len(labels) != len(files) else ', not all of them integers >= 0'}. Fix: pass "
+                        "labels='inferred' (one subfolder per class), or one integer per image.")
+    return files, [int(v) for v in labels], tuple(str(c) for c in range(max(int(v) for v in labels) + 1))
 
 
 def _check_image_size(image_size: Any) -> tuple[int, int]:
@@ -115,12 +149,16 @@ class ImageFolderSource:
 
     Args:
       directory: the folder, on any TensorFlow filesystem (a local path, ``gs://...``).
+      labels: as Keras: ``"inferred"`` (default: one subfolder per class); ``None``: every
+        image under ``directory`` at any depth, without labels (to predict: ``fit`` and
+        ``evaluate`` refuse it); or a list of class numbers, one per image under ``directory``
+        at any depth, in the order of their paths (sorted by folder, then name).
       image_size: ``(height, width)`` every image is resized to (Keras' default, 256 x 256).
       color_mode: ``"rgb"`` (3 channels), ``"grayscale"`` (1) or ``"rgba"`` (4).
       label_mode: ``"int"`` (class numbers, int32), ``"categorical"`` (one-hot float32) or
         ``"binary"`` (float32 0/1, shape ``(1,)``; two classes only).
       class_names: the classes to read, in the order that numbers them (default: every
-        subfolder, sorted).
+        subfolder, sorted); with ``labels="inferred"`` only.
       interpolation: the ``tf.image.resize`` method (default ``"bilinear"``, as Keras).
       crop_to_aspect_ratio: as Keras, resize without distorting the aspect ratio: the largest
         centred crop of each image with the aspect ratio of ``image_size`` is resized.
@@ -130,7 +168,8 @@ class ImageFolderSource:
 
     index_addressable = True
 
-    def __init__(self, directory: str, *, image_size: Sequence[int] = (256, 256), color_mode: str = "rgb",
+    def __init__(self, directory: str, *, labels: str | Sequence[int] | None = "inferred",
+                 image_size: Sequence[int] = (256, 256), color_mode: str = "rgb",
                  label_mode: str = "int", class_names: Sequence[str] | None = None,
                  interpolation: str = "bilinear", crop_to_aspect_ratio: bool = False, pad_to_aspect_ratio: bool = False):
         if not isinstance(directory, str) or not directory:
@@ -145,15 +184,29 @@ class ImageFolderSource:
         self.crop_to_aspect_ratio, self.pad_to_aspect_ratio = bool(crop_to_aspect_ratio), bool(pad_to_aspect_ratio)
         self.directory = directory.rstrip("/") or directory
         self.color_mode, self.label_mode, self.interpolation = color_mode, label_mode, interpolation
-        files, labels, self.class_names = _listing(self.directory, class_names)
-        if label_mode == "binary" and len(self.class_names) != 2:
+        self.labelled = labels is not None
+        if isinstance(labels, str) and labels == "inferred":
+            files, labels, self.class_names = _listing(self.directory, class_names)
+        elif labels is not None and (isinstance(labels, str) or not isinstance(labels, (Sequence, np.ndarray))):
+            raise DataError(f"Invalid `labels`; received labels={labels!r}. Fix: pass 'inferred' (one subfolder per "
+                            "class), None (no labels, to predict) or a list of class numbers, one per image.")
+        elif class_names is not None:
+            raise DataError(f"`class_names` names the class subfolders, read with labels='inferred' only; received "
+                            f"class_names={list(class_names)!r} with labels="
+                            f"{'None' if labels is None else 'a list'}. Fix: leave class_names out.")
+        else:
+            files, labels, self.class_names = _listing_given(self.directory, labels)
+        if label_mode == "binary" and self.labelled and len(self.class_names) != 2:
             raise DataError(f"label_mode='binary' needs exactly 2 classes; received {len(self.class_names)} in "
                             f"{self.directory!r} ({list(self.class_names)}). Fix: use label_mode='int' or "
                             "'categorical', or pass two class_names.")
         self.files = np.array(files)
         self.labels = np.array(labels, np.int32)
         self.name = f"images in {self.directory}"
-        log.info("%s: %d images of %d classes", self.name, len(files), len(self.class_names))
+        if self.labelled:
+            log.info("%s: %d images of %d classes", self.name, len(files), len(self.class_names))
+        else:
+            log.info("%s: %d images, no labels", self.name, len(files))
 
     @property
     def num_examples(self) -> int:
@@ -180,6 +233,7 @@ class ImageFolderSource:
         """The listing and how it is decoded (not the files' bytes: reading them all would be a pass over the data)."""
         record = [self.files.tolist(), self.labels.tolist(), list(self.class_names), list(self.image_size),
                   self.color_mode, self.label_mode, self.interpolation]
+        record += [] if self.labelled else ["unlabelled"]
         record += [name for name in ("crop_to_aspect_ratio", "pad_to_aspect_ratio") if getattr(self, name)]
         return hashlib.sha256(json.dumps(record).encode()).hexdigest()[:16]
 
@@ -206,6 +260,8 @@ class ImageFolderSource:
     def _label(self, labels: "Any") -> "Any":
         import tensorflow as tf
 
+        if not self.labelled:  # zeros, for a predict step that ignores them
+            return labels
         if self.label_mode == "categorical":
             return tf.one_hot(labels, self.num_classes, dtype=tf.float32)
         if self.label_mode == "binary":
@@ -265,3 +321,10 @@ def check_same_classes(train: Any, validation: Any) -> None:
             f"{validation.directory!r} for {list(train.class_names)} in {train.directory!r}. Fix: give the validation "
             f"folder the same class subfolders, or pass class_names={list(train.class_names)!r} to both sources."
         )
+
+
+def check_labelled(source: Any, *, use: str) -> None:
+    """Refuses images read without labels (``labels=None``) where the labels are needed."""
+    if getattr(source, "labelled", True) is False:
+        raise DataError(f"{use} needs labelled examples; received {source.name!r}, read with labels=None. Fix: "
+                        "pass labels='inferred' (one subfolder per class) or a list of labels, or predict with it.")

@@ -70,6 +70,7 @@ def evaluate(
         data = data_mod.with_labels(data, y)
     run = _Inference.of(model, data, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
                         verbose=verbose, cluster=cluster)
+    data_mod.check_labelled(run.source, use="evaluate")
     run.adapter.prepare_evaluation(model, sample=run.source.sample(run.sizes.micro_batch_size))  # e.g. just loaded
     callbacks = list(callbacks or ())
     with run.own_errors():

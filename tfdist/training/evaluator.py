@@ -32,6 +32,7 @@ def run_sidecar(
 
     model = model_builder()
     source = data_mod.as_source(validation_data)
+    data_mod.check_labelled(source, use="evaluation")
     dataset = data_mod.validation_dataset(source, batch_size)
     writer = tf.summary.create_file_writer(log_dir) if log_dir else None
     seen: set[str] = set()

@@ -238,6 +238,7 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
         source, default_validation = data_mod.load(data)
     else:
         source, default_validation = data_mod.as_source(data), None
+    data_mod.check_labelled(source, use="training")
     if validation_split:
         source, default_validation = _split_off_validation(source, validation_split, data=data,
                                                            validation_data=validation_data)
@@ -259,6 +260,7 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     )
     log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), plan.steps_per_epoch, epochs)
     validation = data_mod.as_source(validation_data) if validation_data is not None else None
+    data_mod.check_labelled(validation, use="validation")
     data_mod.check_same_classes(source, validation)
     return _Shape(source=source, validation=validation, sizes=sizes, plan=plan, class_weight=class_weight,
                   validation_freq=validation_freq)

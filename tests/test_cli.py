@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -150,6 +152,25 @@ def test_train_reads_a_folder_of_images_resized_and_rescaled_for_the_built_in_mo
     scores = tmp_path / "scores.json"
     assert main(["evaluate", str(out / "model.keras"), "--data", folder, "--verbose", "0", "--json", str(scores)]) == 0
     assert json.loads(scores.read_text())["examples"] == 36
+    # tfdist predict reads every image under a folder, class subfolders or not, and names each by its path.
+    flat = tmp_path / "new_images"
+    flat.mkdir()
+    for i, name in enumerate(sorted(ImageFolderSource(folder, labels=None).files)[:5]):
+        (flat / f"{i}_{os.path.basename(name)}").write_bytes((tmp_path / "images" / name).read_bytes())
+    capsys.readouterr()
+    assert main(["evaluate", str(out / "model.keras"), "--data", str(flat), "--verbose", "0"]) == 2  # no labels
+    assert "the image folder has no class subfolders" in capsys.readouterr().err
+    assert main(["predict", str(out / "model.keras"), "--data", str(flat), "--output", str(tmp_path / "new.npz"),
+                 "--verbose", "0"]) == 0
+    images = ImageFolderSource(str(flat), labels=None, image_size=(16, 12))
+    with np.load(tmp_path / "new.npz") as written:
+        assert list(written["paths"]) == [f"{flat}/{f}" for f in images.files] and len(images.files) == 5
+        np.testing.assert_allclose(written["outputs"], model.predict(images.sample(5)[0], verbose=0), rtol=1e-5,
+                                   atol=1e-6)
+    assert main(["predict", str(out / "model.keras"), "--data", str(flat), "--output", str(tmp_path / "new.csv"),
+                 "--class-names", folder, "--verbose", "0"]) == 0
+    header = (tmp_path / "new.csv").read_text().splitlines()[0]
+    assert header == "path,class,output_cat,output_dog,output_eel"  # the training folder's classes, in its order
 
 
 def test_evaluate_reads_the_trained_model_file_and_scores_the_held_out_split_as_the_run(tmp_path, capsys):
@@ -187,3 +208,64 @@ def test_evaluate_reads_the_trained_model_file_and_scores_the_held_out_split_as_
         assert main(["evaluate", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert expected in err and "Fix:" in err, err
+
+
+@pytest.mark.timeout(240)
+def test_predict_writes_the_outputs_of_every_example_in_order_as_csv_npy_or_npz(tmp_path, capsys, procs):
+    import csv
+
+    import keras
+
+    from tfdist.cli import main
+    from tfdist.data import load_digits
+
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--steps-per-epoch", "3", "--verbose", "0", "--output-dir", str(out)]) == 0
+    model_file = str(out / "model.keras")
+    expected = keras.models.load_model(model_file).predict(load_digits()[1].x, verbose=0)  # the held-out digits
+    # .npy: the outputs, in order, whatever the batch (7 leaves a part batch).
+    assert main(["predict", model_file, "--output", str(tmp_path / "p.npy"), "--batch-size", "7", "--verbose", "0"]) == 0
+    assert "tfdist predict: wrote" in capsys.readouterr().out
+    np.testing.assert_allclose(np.load(tmp_path / "p.npy"), expected, rtol=1e-5, atol=1e-6)
+    # Two replicas (mirrored, on two logical CPUs): each predicts its part; the file holds them in order.
+    code, printed = procs.tfdist("predict", model_file, "--output", str(tmp_path / "m.npy"), "--per-replica-batch-size", "5",
+                                 "--strategy", "mirrored", "--cpu-devices", "2", timeout=180, env=base_env())
+    assert code == 0 and "strategy mirrored, 2 replica(s)" in printed, printed[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "m.npy"), expected, rtol=1e-5, atol=1e-6)
+    # .npz of inputs without labels (only x); its outputs under "outputs".
+    np.savez(tmp_path / "inputs.npz", x=load_digits()[1].x[:40])
+    assert main(["predict", model_file, "--data", str(tmp_path / "inputs.npz"), "--output", str(tmp_path / "p.npz"),
+                 "--verbose", "0"]) == 0
+    with np.load(tmp_path / "p.npz") as written:
+        assert written.files == ["outputs"]
+        np.testing.assert_allclose(written["outputs"], expected[:40], rtol=1e-5, atol=1e-6)
+    # .csv: index, the most likely class by name, each class's probability (--softmax: the model outputs logits).
+    names = "zero,one,two,three,four,five,six,seven,eight,nine"
+    assert main(["predict", model_file, "--output", str(tmp_path / "p.csv"), "--softmax", "--class-names", names,
+                 "--verbose", "0"]) == 0
+    with open(tmp_path / "p.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["index", "class", *(f"output_{name}" for name in names.split(","))]
+    probabilities = np.array([[float(v) for v in row[2:]] for row in rows[1:]])
+    assert [int(row[0]) for row in rows[1:]] == list(range(359))
+    assert [row[1] for row in rows[1:]] == [names.split(",")[i] for i in expected.argmax(axis=1)]
+    np.testing.assert_allclose(probabilities, keras.ops.softmax(expected).numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+
+    for argv, expected_error in (
+        (["--output", str(tmp_path / "p.txt")], "argument --output: expected a file name ending in .csv, .npy, .npz; "
+                                                "received"),
+        (["--output", str(tmp_path / "p.csv"), "--class-names", "a,b"],
+         "--class-names names one class per output of a classifier; received 2 names (a, b) for outputs of shape "
+         "(None, 10). Fix: name 10 classes"),
+        (["--output", str(tmp_path / "p.csv"), "--data", str(tmp_path / "p.npz")],
+         "the .npz file must hold the inputs as an array named x; received"),
+    ):
+        capsys.readouterr()
+        try:
+            code = main(["predict", model_file, *argv])
+        except SystemExit as e:  # argparse: a usage error
+            code = e.code
+        assert code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert expected_error in err, err

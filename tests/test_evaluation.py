@@ -115,6 +115,12 @@ def test_images_in_folders_evaluate_as_fit_validated_them(tmp_path):
     history = _fit(source, validation_data=source, epochs=2)
     result = tfdist.evaluate(history.model, source, batch_size=8, verbose=0)
     assert result == {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")}
+    # Predicting needs no labels: a folder's name reads every image under it (labels=None), at the model's size.
+    outputs = tfdist.predict(history.model, images, batch_size=8, verbose=0)
+    unlabelled = tfdist.ImageFolderSource(images, labels=None, image_size=(16, 16))
+    np.testing.assert_allclose(outputs, history.model.predict(unlabelled.sample(36)[0], verbose=0), atol=1e-5)
+    with pytest.raises(DataError, match="evaluate needs labelled examples; received 'images in"):
+        tfdist.evaluate(history.model, unlabelled, batch_size=8, verbose=0)
 
 
 def test_tfrecord_files_evaluate_and_predict_as_fit_validated_them(tmp_path):

@@ -168,6 +168,15 @@ def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp
     result = read_json(scores)
     assert result["examples"] == 359 and result["accuracy"] == acc["val_accuracy"]
     assert "strategy multi_worker_mirrored, 2 replica(s)" in out
+    if keras == "3":  # tfdist predict: each worker's replica predicts half; the chief writes all, in order
+        code, out = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, "-m",
+                                 "tfdist", "predict", str(tmp_path / "acc" / "model.keras"), "--output",
+                                 str(tmp_path / "predicted.npy"), timeout=240, env=base_env())
+        assert code == 0 and "strategy multi_worker_mirrored, 2 replica(s)" in out, out[-4000:]
+        from tfdist.data import load_digits
+
+        np.testing.assert_allclose(np.load(tmp_path / "predicted.npy"), loaded.predict(load_digits()[1].x, verbose=0),
+                                   rtol=1e-5, atol=1e-6)
 
 
 EVALUATE_SCRIPT = '''

@@ -16,6 +16,7 @@ from tfdist._version import __version__
 COMMANDS = {
     "train": "tfdist.cli.train",
     "evaluate": "tfdist.cli.evaluate",
+    "predict": "tfdist.cli.predict",
     "env": "tfdist.cli.env",
     "ckpt": "tfdist.cli.ckpt",
     "launch": "tfdist.cli.launch",

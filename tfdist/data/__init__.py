@@ -52,7 +52,8 @@ from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import Layout, TFRecordSource
 from tfdist.data.images import ImageFolderSource, check_labelled, check_same_classes
 from tfdist.data.indexed import IndexedSource
-from tfdist.data.loading import as_source, load, load_digits, load_npz, load_to_evaluate, num_classes, with_labels
+from tfdist.data.loading import (as_source, load, load_digits, load_npz, load_to_evaluate, load_to_predict, num_classes,
+                                 unlabelled, with_labels)
 from tfdist.data.order import DataPlan
 from tfdist.data.pydataset import PyDatasetSource, read_failure
 from tfdist.data.pipeline import dataset_fn, make_plan, steps_per_epoch_for, validation_dataset, validation_input
@@ -81,10 +82,12 @@ __all__ = [
     "load_digits",
     "load_npz",
     "load_to_evaluate",
+    "load_to_predict",
     "make_plan",
     "num_classes",
     "read_failure",
     "steps_per_epoch_for",
+    "unlabelled",
     "validation_dataset",
     "validation_input",
     "with_labels",

@@ -35,7 +35,7 @@ from tfdist.errors import DataError
 
 log = logging.getLogger("tfdist")
 
-__all__ = ["ImageFolderSource", "FORMATS", "check_labelled", "check_same_classes"]
+__all__ = ["ImageFolderSource", "FORMATS", "check_labelled", "check_same_classes", "class_names_of"]
 
 FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 """The file suffixes read as images (Keras' ``ALLOWLIST_FORMATS``), in any case."""
@@ -72,14 +72,19 @@ def _check_folder(directory: str) -> None:
                         "Fix: pass the folder of images (directory/<class>/<image>, or any images for labels=None).")
 
 
-def _listing(directory: str, class_names: Sequence[str] | None) -> tuple[list[str], list[int], tuple[str, ...]]:
-    """(each image's path under ``directory``, its class number, the class names), in Keras' order."""
+def class_names_of(directory: str) -> tuple[str, ...]:
+    """The class subfolders of ``directory``, sorted: the classes ``labels="inferred"`` numbers."""
     import tensorflow as tf
 
     gfile = tf.io.gfile
     _check_folder(directory)
-    subdirs = sorted(name.rstrip("/") for name in gfile.listdir(directory)
-                     if not name.startswith(".") and gfile.isdir(_join(directory, name.rstrip("/"))))
+    return tuple(sorted(name.rstrip("/") for name in gfile.listdir(directory)
+                        if not name.startswith(".") and gfile.isdir(_join(directory, name.rstrip("/")))))
+
+
+def _listing(directory: str, class_names: Sequence[str] | None) -> tuple[list[str], list[int], tuple[str, ...]]:
+    """(each image's path under ``directory``, its class number, the class names), in Keras' order."""
+    subdirs = list(class_names_of(directory))
     if class_names is not None:
         class_names = tuple(class_names)
         unknown = sorted(set(class_names) - set(subdirs))

@@ -37,19 +37,29 @@ def load_digits(validation_fraction: float = 0.2) -> tuple[ArraySource, ArraySou
     return _split(x, bunch.target.astype(np.int32), validation_fraction, "digits")
 
 
-def load_npz(path: str, validation_fraction: float = 0.2) -> tuple[ArraySource, ArraySource | None]:
-    """``x`` and ``y`` (and optionally ``x_val``, ``y_val``) of an ``.npz`` file; every defect is a DataError."""
+def _read_npz(path: str) -> dict[str, np.ndarray]:
     import zipfile
 
     try:
         with np.load(path, allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
                 raise ValueError("a single array, not an archive of named arrays")
-            arrays = {key: archive[key] for key in archive.files}
+            return {key: archive[key] for key in archive.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise DataError(f"cannot read the .npz file; received data={path!r} ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:120] if str(e) else 'empty'}). Fix: pass an .npz file written by "
                         "np.savez(path, x=..., y=...).") from None
+
+
+def _check_rows(key: str, a: np.ndarray, path: str) -> None:
+    if a.ndim == 0 or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+        raise DataError(f"{key} in the .npz file must be a numeric array with one row per example; received "
+                        f"{key} of dtype {a.dtype} and shape {a.shape} in {path!r}. Fix: save numeric arrays.")
+
+
+def load_npz(path: str, validation_fraction: float = 0.2) -> tuple[ArraySource, ArraySource | None]:
+    """``x`` and ``y`` (and optionally ``x_val``, ``y_val``) of an ``.npz`` file; every defect is a DataError."""
+    arrays = _read_npz(path)
     if "x" not in arrays or "y" not in arrays:
         raise DataError(
             f"the .npz file must hold arrays named x and y; received {path!r} with {sorted(arrays)}. "
@@ -63,9 +73,7 @@ def load_npz(path: str, validation_fraction: float = 0.2) -> tuple[ArraySource, 
     for xk, yk in pairs:
         x, y = arrays[xk], arrays[yk]
         for key, a in ((xk, x), (yk, y)):
-            if a.ndim == 0 or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
-                raise DataError(f"{key} in the .npz file must be a numeric array with one row per example; received "
-                                f"{key} of dtype {a.dtype} and shape {a.shape} in {path!r}. Fix: save numeric arrays.")
+            _check_rows(key, a, path)
         if len(x) != len(y):
             raise DataError(f"{xk} and {yk} in the .npz file differ in length; received {xk} with {len(x)} rows and "
                             f"{yk} with {len(y)} in {path!r}. Fix: save one label per example.")
@@ -202,6 +210,34 @@ def load_to_evaluate(spec: str | list[str], *, features: str | None = None, imag
     if _names_a_folder(spec, features):  # every image, none held out
         return ImageFolderSource(spec, image_size=image_size or model_image_size or DEFAULT_IMAGE_SIZE)
     return load(spec, features=features, image_size=image_size)[0]  # files; or the error load gives
+
+
+def load_to_predict(spec: str | list[str], *, features: str | None = None, image_size: tuple[int, int] | None = None,
+                    model_image_size: tuple[int, int] | None = None) -> Any:
+    """What predicting ``spec`` (``tfdist predict --data``) reads; no labels are needed: an
+    ``.npz``'s ``x`` (every row), every image under a folder at any depth (``labels=None``: no
+    class subfolders needed), else what ``load_to_evaluate`` reads (a named data set's held-out
+    split, every record of TFRecord files)."""
+    if isinstance(spec, str) and spec.endswith(".npz") and features is None and image_size is None:
+        arrays = _read_npz(spec)
+        if "x" not in arrays:
+            raise DataError(f"the .npz file must hold the inputs as an array named x; received {spec!r} with "
+                            f"{sorted(arrays)}. Fix: save it with np.savez(path, x=...).")
+        _check_rows("x", arrays["x"], spec)
+        return unlabelled(scaled(arrays["x"]), name=spec)
+    if _names_a_folder(spec, features):
+        return ImageFolderSource(spec, labels=None, image_size=image_size or model_image_size or DEFAULT_IMAGE_SIZE)
+    return load_to_evaluate(spec, features=features, image_size=image_size, model_image_size=model_image_size)
+
+
+def unlabelled(x: Any, *, name: str = "arrays") -> ArraySource:
+    """Inputs without labels (an array, or a dict, list or tuple of arrays), as a source whose
+    labels are zeros, which a predict step ignores."""
+    import tensorflow as tf
+
+    if not all(isinstance(leaf, np.ndarray) for leaf in tf.nest.flatten(x)):
+        x = np.asarray(x)  # numbers in nested lists: one array
+    return ArraySource(x, np.zeros(len(tf.nest.flatten(x)[0]), np.int32), name=name)
 
 
 def as_source(data: Any) -> Any:

@@ -194,15 +194,16 @@ def predict(
     Args:
       x: the inputs, as Keras' ``predict(x)`` takes them: an array, or a dict, list or tuple
         of arrays (a model with several inputs); or a source or name ``evaluate`` takes
-        (``TFRecordSource``, ``ImageFolderSource``, ``"digits"``...; its labels are not used).
+        (``TFRecordSource``, ``ImageFolderSource``, ``"digits"``...; its labels are not used; a
+        folder's name reads every image under it, without class subfolders, as ``tfdist predict``).
     """
     import numpy as np
     import tensorflow as tf
 
     if isinstance(x, (np.ndarray, dict, list, tuple)):  # the inputs, as Keras' predict(x) reads them
-        if not all(isinstance(leaf, np.ndarray) for leaf in tf.nest.flatten(x)):
-            x = np.asarray(x)  # numbers in nested lists: one array
-        x = (x, np.zeros(len(tf.nest.flatten(x)[0]), np.int32))  # no labels: a placeholder the predict step ignores
+        x = data_mod.unlabelled(x)
+    elif isinstance(x, str):  # no labels needed: e.g. a folder of images without class subfolders
+        x = data_mod.load_to_predict(x, model_image_size=image_size_of(model))
     run = _Inference.of(model, x, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
                         verbose=verbose, cluster=cluster)
     source = run.source

@@ -189,15 +189,37 @@ def test_defects_are_named_with_the_fix(tmp_path, folder):
              validation_data=ImageFolderSource(partial, image_size=(16, 16)))
 
 
-def test_a_file_that_is_not_an_image_fails_the_run_naming_the_file(tmp_path, folder):
+def test_a_file_that_is_not_an_image_or_does_not_decode_fails_the_run_naming_the_file(tmp_path, folder):
     import tensorflow as tf
 
     broken = str(tmp_path / "broken")
     shutil.copytree(folder, broken)
     with open(os.path.join(broken, "dog", "05.png"), "wb") as f:
         f.write(b"not a png")
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"not a BMP, GIF, JPEG or PNG image:.*broken/dog/05.png"):
+    with pytest.raises(DataError, match=r"is not a BMP, GIF, JPEG or PNG image \(by its first bytes\); received "
+                                        r"'.*broken/dog/05.png' in images in .*broken. Fix: remove or replace the file"):
         _fit(ImageFolderSource(broken, image_size=(16, 16)), epochs=1, shuffle=False)
+    # A PNG cut short passes the first-bytes check and fails to decode, in an error that names no file:
+    # the files are decoded one by one to name it (here in the validation images).
+    png = tf.io.encode_png(np.full((20, 20, 3), 7, np.uint8)).numpy()
+    with open(os.path.join(broken, "dog", "05.png"), "wb") as f:
+        f.write(png[:len(png) // 2])
+    source = ImageFolderSource(broken, image_size=(16, 16))
+    with pytest.raises(DataError, match=r"an image file does not decode \(Invalid PNG data, size \d+\); received "
+                                        r"'.*broken/dog/05.png' in images in .*broken \(validation: 9\). Fix: remove"):
+        _fit(source, epochs=1, validation_split=0.25)
+    with pytest.raises(DataError, match=r"an image file does not decode .*received '.*broken/dog/05.png'"):
+        tfdist.predict(_model(), source, batch_size=8, verbose=0)
+    # Past the time allowed for looking, the error says how far it looked.
+    import tfdist.data.images as images_mod
+
+    original, images_mod.SCAN_SECONDS = images_mod.SCAN_SECONDS, 0.0
+    try:
+        with pytest.raises(DataError, match=r"does not decode \(Invalid PNG data.*TensorFlow does not say which, and "
+                                            r"the first 0 of 36 files decode"):
+            tfdist.predict(_model(), source, batch_size=8, verbose=0)
+    finally:
+        images_mod.SCAN_SECONDS = original
 
 
 _MIRRORED = textwrap.dedent(

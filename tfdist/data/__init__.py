@@ -55,8 +55,9 @@ from tfdist.data.indexed import IndexedSource
 from tfdist.data.loading import (as_source, load, load_digits, load_npz, load_to_evaluate, load_to_predict, num_classes,
                                  unlabelled, with_labels)
 from tfdist.data.order import DataPlan
-from tfdist.data.pydataset import PyDatasetSource, read_failure
-from tfdist.data.pipeline import dataset_fn, make_plan, steps_per_epoch_for, validation_dataset, validation_input
+from tfdist.data.pydataset import PyDatasetSource
+from tfdist.data.pipeline import (dataset_fn, make_plan, read_failure, steps_per_epoch_for, validation_dataset,
+                                  validation_input)
 from tfdist.data.stream import DEFAULT_SHUFFLE_BUFFER, StreamSource
 
 __all__ = [

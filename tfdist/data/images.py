@@ -42,6 +42,9 @@ FORMATS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
 _MAGIC = (b"BM", b"GIF8", b"\xff\xd8\xff", b"\x89PNG")
 """How the files of each format begin."""
+_NOT_AN_IMAGE = "tfdist: not a BMP, GIF, JPEG or PNG image:"
+SCAN_SECONDS = 120.0
+"""How long a failed decode may spend looking for the file TensorFlow did not name."""
 
 COLOR_MODES = {"grayscale": 1, "rgb": 3, "rgba": 4}
 LABEL_MODES = ("int", "categorical", "binary")
@@ -248,7 +251,7 @@ class ImageFolderSource:
 
         contents = tf.io.read_file(path)
         known = tf.reduce_any([tf.equal(tf.strings.substr(contents, 0, len(magic)), magic) for magic in _MAGIC])
-        readable = tf.debugging.Assert(known, ["tfdist: not a BMP, GIF, JPEG or PNG image:", path], summarize=1)
+        readable = tf.debugging.Assert(known, [_NOT_AN_IMAGE, path], summarize=1)
         with tf.control_dependencies([readable]):  # TensorFlow's own error would not name the file
             image = tf.image.decode_image(contents, channels=self.channels, expand_animations=False)
         height, width = self.image_size
@@ -296,6 +299,54 @@ class ImageFolderSource:
 
         images, labels = self._decode(tf.constant(self.files[:count], tf.string), tf.constant(self.labels[:count]))
         return images.numpy(), labels.numpy()
+
+    def failure_of(self, error: BaseException) -> DataError | None:
+        """TensorFlow's error reading an image, as a DataError naming the file: one whose first bytes
+        are no image's (the pipeline's assertion names it), or one that does not decode (TensorFlow
+        does not name it: the files are decoded one by one, for at most ``SCAN_SECONDS``, to find it).
+        ``None``: not an image of this source."""
+        import re
+
+        message = str(error)
+        named = re.search(re.escape(_NOT_AN_IMAGE) + r"\] \[(.*?)\]", message)
+        fix = "Fix: remove or replace the file, then run again (training resumes from its last checkpoint)."
+        if named:
+            path = named.group(1)
+            if not path.startswith(_join(self.directory, "")):
+                return None
+            return DataError(f"a file with an image's suffix is not a BMP, GIF, JPEG or PNG image (by its first "
+                             f"bytes); received {path!r} in {self.name}. {fix}")
+        if "DecodeImage" not in message:
+            return None
+        reason = re.sub(r"\s+", " ", message.split("transformation with iterator:")[-1]).strip()
+        reason = reason.split(": ", 1)[-1].split(" [[")[0][:200]
+        path, checked = self._first_undecodable()
+        if path is not None:
+            return DataError(f"an image file does not decode ({reason}); received {path!r} in {self.name}. {fix}")
+        if checked < self.num_examples:
+            return DataError(f"an image file of {self.name} does not decode ({reason}); TensorFlow does not say which, "
+                             f"and the first {checked} of {self.num_examples} files decode (checked for "
+                             f"{SCAN_SECONDS:.0f} s). Fix: find it (e.g. decode each file with tf.image.decode_image) "
+                             "and remove or replace it, then run again.")
+        return None
+
+    def _first_undecodable(self) -> tuple[str | None, int]:
+        """(the first file of the listing that does not decode, or None; how many files were checked)."""
+        import time
+
+        import tensorflow as tf
+
+        log.warning("an image of %s did not decode; looking for it (at most %.0f s)", self.name, SCAN_SECONDS)
+        deadline = time.monotonic() + SCAN_SECONDS
+        for i, name in enumerate(self.files.tolist()):
+            if time.monotonic() > deadline:
+                return None, i
+            path = _join(self.directory, name)
+            try:
+                tf.image.decode_image(tf.io.read_file(path), channels=self.channels, expand_animations=False)
+            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+                return path, i + 1
+        return None, self.num_examples
 
     def split(self, fraction: float) -> tuple["ImageFolderSource", "ImageFolderSource"]:
         """``validation_split``: (the training files, the last ``fraction`` of the files in the order

@@ -388,3 +388,19 @@ def _replica_batches(source: Source, begin: int, end: int, micro: int, steps: in
         empty = tf.zeros([0], tf.int64)
     have = -(-(end - begin) // micro)
     return ds.concatenate(tf.data.Dataset.from_tensors(empty).repeat(steps - have))
+
+
+def read_failure(error: BaseException, *sources: Any) -> BaseException | None:
+    """The user's error behind TensorFlow's ``error`` from an input pipeline, if a source can name
+    it (``failure_of``): a Python dataset's own exception; an image file that cannot be decoded.
+    ``None``: raise ``error`` itself."""
+    import tensorflow as tf
+
+    if not isinstance(error, tf.errors.OpError):
+        return None
+    for source in sources:
+        failure_of = getattr(source, "failure_of", None)
+        failure = failure_of(error) if failure_of is not None else None
+        if failure is not None:
+            return failure
+    return None

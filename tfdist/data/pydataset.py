@@ -249,21 +249,15 @@ class PyDatasetSource:
         rows = self._gather(np.arange(min(count, self._num_examples)))
         return tf.nest.pack_sequence_as(self._element, rows)
 
-
-def read_failure(error: BaseException, *sources: Any) -> BaseException | None:
-    """The error a Python dataset raised in the input pipeline, if ``error`` is TensorFlow's wrapping
-    of it: fit raises the dataset's own exception (its type, message and traceback) instead."""
-    import tensorflow as tf
-
-    if not isinstance(error, tf.errors.OpError):
-        return None
-    for source in sources:
-        failure = source.failure if isinstance(source, PyDatasetSource) else None
+    def failure_of(self, error: BaseException) -> BaseException | None:
+        """The dataset's own error, if TensorFlow's ``error`` wraps it: fit raises it (its type,
+        message and traceback) instead."""
+        failure = self.failure
         if failure is not None and f"{type(failure).__name__}: " in str(error):
-            failure.add_note(f"(raised by {source.name} in tfdist's input pipeline; TensorFlow's error was "
+            failure.add_note(f"(raised by {self.name} in tfdist's input pipeline; TensorFlow's error was "
                              f"{type(error).__name__})")
             return failure
-    return None
+        return None
 
 
 def _flatten(element: Any) -> list:

@@ -283,6 +283,42 @@ def test_bad_files_and_parse_functions_are_refused_with_the_fix(tmp_path, shards
         data.TFRecordSource(f"{shards}/*.tfrecord", parse_ids, streams=0)
 
 
+def test_a_record_failing_its_checksum_fails_the_run_naming_its_file(tmp_path):
+    import keras
+
+    import tfdist
+
+    digits = write_digits(tmp_path / "digits")
+    source = data.load(digits["train"], features=digits["features"])[0]
+    damaged, index = source.paths[2], source._index[2]
+    record = index.offsets[3]  # a record's start (a marked one)
+    raw = bytearray(open(damaged, "rb").read())
+    raw[record + records_mod.HEADER_BYTES + 5] ^= 0xFF  # a byte of its data, as a bad copy leaves it
+    with open(damaged, "wb") as f:
+        f.write(bytes(raw))
+
+    def fit(train, **kwargs):
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return tfdist.fit(model, train, epochs=1, batch_size=32, strategy="one_device", verbose=0, **kwargs)
+
+    expected = rf"a record fails its checksum \(TensorFlow: corrupted record at {record + 12}\); received " \
+               rf"'.*train-00002.tfrecord', its record at byte {record}, in .*Fix: copy or write the file again"
+    with pytest.raises(DataError, match=expected):
+        fit(data.load(digits["train"], features=digits["features"])[0])
+    # The same framing offset in the undamaged files is a record too: only the failing one is named.
+    assert all(records_mod.starts_record(p, record, ix) for p, ix in zip(source.paths, source._index))
+    # A damaged length checksum: TensorFlow reports the record's own start; the validation data is named the same way.
+    raw[record + records_mod.HEADER_BYTES + 5] ^= 0xFF
+    raw[record + 9] ^= 0xFF
+    with open(damaged, "wb") as f:
+        f.write(bytes(raw))
+    expected = rf"corrupted record at {record}\); received '.*train-00002.tfrecord', its record at byte {record}"
+    with pytest.raises(DataError, match=expected):
+        fit(data.load(digits["validation"], features=digits["features"])[0],
+            validation_data=data.load(digits["train"], features=digits["features"])[0])
+
+
 def test_fingerprint_is_names_sizes_and_counts(tmp_path):
     a = write_records(tmp_path / "a", [20, 30])
     b = write_records(tmp_path / "b", [20, 30])  # the same files elsewhere: the data moved

@@ -194,6 +194,26 @@ class TFRecordSource:
 
         return tf.nest.map_structure(lambda a: tuple(np.shape(a)[1:]), self.sample(1)[0])
 
+    def failure_of(self, error: BaseException) -> DataError | None:
+        """TensorFlow's ``corrupted record at N`` (a record failing its checksum, e.g. a file damaged
+        in a copy), as a DataError naming the file: the one with a record at byte ``N`` that fails
+        when read again. ``None``: not a record of this source's files."""
+        import re
+
+        found = re.search(r"corrupted record at (\d+)", str(error))
+        if found is None or self.compression:  # compressed: the position is in the inflated stream
+            return None
+        reported = int(found.group(1))  # a record's start (its length failed) or its data's (12 bytes on)
+        indexes = self._index or [None] * len(self.paths)
+        for path, size, index in zip(self.paths, self.sizes, indexes):
+            for offset in (reported, reported - records_mod.HEADER_BYTES):
+                if 0 <= offset < size and records_mod.starts_record(path, offset, index) and \
+                        records_mod.record_fails(path, offset):
+                    return DataError(f"a record fails its checksum (TensorFlow: corrupted record at {reported}); "
+                                     f"received {path!r}, its record at byte {offset}, in {self.name}. Fix: copy or "
+                                     "write the file again, then run again (training resumes from its last checkpoint).")
+        return None
+
     def fingerprint(self) -> str:
         """File names (not directories: the data may move), sizes and record counts."""
         described = [[p.rstrip("/").rsplit("/", 1)[-1], s, c] for p, s, c in zip(self.paths, self.sizes, self.counts)]

@@ -36,6 +36,8 @@ MAX_MARK_BYTES = 256 << 10
 MIN_MARK_BYTES = 4 << 10
 _CHUNK = 8 << 20
 _HEADER, _FOOTER = 12, 4
+HEADER_BYTES = _HEADER
+"""A record's length and its checksum, before its data."""
 _READ_BUFFER = 256 << 10
 
 
@@ -152,6 +154,35 @@ def _count_compressed(path: str, compression: str) -> int:
     except zlib.error as e:
         raise DataError(f"{path!r} is not a {compression} file ({e}). Fix: check the compression option "
                         "(None for uncompressed files).") from None
+
+
+def starts_record(path: str, offset: int, index: FileIndex | None = None) -> bool:
+    """Whether a record of ``path`` starts at byte ``offset``: its framing walked from the nearest
+    marked offset before it (reading the headers in between, at most one mark's spacing)."""
+    import tensorflow as tf
+
+    start = max((o for o in (index.offsets if index is not None else ()) if o <= offset), default=0)
+    with tf.io.gfile.GFile(path, "rb") as f:
+        f.seek(start)
+        buf = f.read(offset - start + _HEADER)
+    pos = 0
+    while pos < offset - start and pos + 8 <= len(buf):
+        (length,) = struct.unpack_from("<Q", buf, pos)
+        pos += _HEADER + length + _FOOTER
+    return pos == offset - start and len(buf) >= pos + _HEADER
+
+
+def record_fails(path: str, offset: int) -> bool:
+    """Whether reading the record of ``path`` at byte ``offset`` fails TFRecord's checksums."""
+    import tensorflow as tf
+
+    record = tf.data.Dataset.from_tensors(0).interleave(lambda _: open_at(path, offset)[0]).take(1)
+    try:
+        for _ in record:
+            pass
+    except tf.errors.DataLossError:
+        return True
+    return False
 
 
 def _corrupt(path: str, pos: int, size: int | None, what: str) -> DataError:

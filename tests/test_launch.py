@@ -231,7 +231,9 @@ def test_restarts_with_port_base_use_consecutive_fresh_ports(task_script):
     result, out, _ = _launch(command, workers=2, port_base=base)
     assert (result.exit_code, result.restarts) == (0, 1)
     configs = _configs(out)
-    first, second = _ports(configs[0, "worker:0"]), _ports(configs[1, "worker:0"])
+    # The first failure stops the other worker, perhaps before it printed: compare one that printed both times.
+    name = next(task for attempt, task in configs if attempt == 0)
+    first, second = _ports(configs[0, name]), _ports(configs[1, name])
     assert all(port >= base for port in first + second)
     assert set(first).isdisjoint(second)
 

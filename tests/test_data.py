@@ -198,6 +198,18 @@ def test_npz_data(tmp_path):
     np.savez(path, x=np.random.rand(50, 4).astype(np.float32), y=np.arange(50) % 3)
     train, val = data.load(str(path))
     assert train.num_examples + val.num_examples == 50
+    # On storage that is not a local disk (ram:// stands in for gs://): the same arrays.
+    import tensorflow as tf
+
+    remote = "ram://" + str(tmp_path / "remote" / "d.npz")
+    tf.io.gfile.makedirs(remote.rsplit("/", 1)[0])
+    tf.io.gfile.copy(str(path), remote)
+    again, _ = data.load(remote)
+    assert again.fingerprint() == train.fingerprint() and np.array_equal(again.x, train.x)
+    assert np.array_equal(data.load_to_predict(remote).x, np.load(path)["x"])
+    with pytest.raises(DataError, match=r"cannot read the .npz file; received data='ram://.*missing.npz' "
+                                        r"\(FileNotFoundError"):
+        data.load("ram://" + str(tmp_path / "missing.npz"))
     bad = tmp_path / "bad.npz"
     np.savez(bad, features=np.zeros(3))
     with pytest.raises(DataError, match="arrays named x and y"):

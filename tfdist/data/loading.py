@@ -38,10 +38,15 @@ def load_digits(validation_fraction: float = 0.2) -> tuple[ArraySource, ArraySou
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file on any TensorFlow filesystem (``gs://bucket/data.npz``)."""
+    import io
     import zipfile
 
+    from tfdist import storage
+
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        with np.load(io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path,
+                     allow_pickle=False) as archive:
             if not hasattr(archive, "files"):
                 raise ValueError("a single array, not an archive of named arrays")
             return {key: archive[key] for key in archive.files}

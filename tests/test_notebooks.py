@@ -81,6 +81,8 @@ def test_quickstart(kernel_path, tmp_path, monkeypatch):
     assert result["saved_model_val_accuracy"] == pytest.approx(result["one_device_val_accuracy"], abs=1e-6)
     # tfdist.evaluate under mirrored, with the batch the run validated with, gives that validation's accuracy.
     assert result["mirrored_evaluated_accuracy"] == result["mirrored_val_accuracy"]
+    # tfdist.predict's outputs, every example once in order, score the same (each replica its part, as evaluate).
+    assert result["mirrored_predicted_accuracy"] == pytest.approx(result["mirrored_evaluated_accuracy"], abs=1e-6)
     assert_nothing_written(tmp_path)
 
 

@@ -388,6 +388,21 @@ def test_a_bad_input_exit_ends_the_launch_at_once_without_restarts(task_script, 
     assert "bad input" in result.reason
 
 
+def test_bad_input_decides_over_the_peer_that_lost_it_when_both_exit_in_one_poll():
+    from tfdist.launch import _deciding, _Task
+
+    def task(index, returncode):
+        t = _Task(role="worker", index=index, address="127.0.0.1:1", environ={})
+        t.returncode = returncode
+        return t
+
+    chief, reader = task(0, env.EXIT_PEER_LOST), task(1, env.EXIT_USAGE)  # worker 1 read a damaged file
+    assert _deciding([chief, reader], chief) is reader
+    assert _deciding([chief, task(1, 1)], chief) is chief  # else the result task's exit
+    other = task(1, 1)
+    assert _deciding([other], chief) is other
+
+
 @pytest.mark.timeout(120)
 def test_a_launched_script_whose_model_tfdist_refuses_exits_2_and_is_not_restarted(tmp_path, capfd):
     script = tmp_path / "train.py"

@@ -221,6 +221,13 @@ def _failure(task: _Task, note: str = "") -> _Outcome:
                     f"{task.name} {_describe_exit(task.returncode)}{note}")
 
 
+def _deciding(failures: list[_Task], result_task: _Task) -> _Task:
+    """Of the tasks that failed in one poll, the one whose exit decides: bad input first (a restart
+    cannot fix it, whatever the peers that lost it exited with), then the result task, then the first."""
+    bad_input = [t for t in failures if t.returncode == env.EXIT_USAGE]
+    return bad_input[0] if bad_input else result_task if result_task in failures else failures[0]
+
+
 class Launcher:
     """Runs a cluster of local processes under the failure policy of ``LaunchOptions``.
 
@@ -342,7 +349,7 @@ class Launcher:
                 elif task.returncode != 0:
                     failures.append(task)
             if failures:
-                return _failure(result_task if result_task in failures else failures[0])
+                return _failure(_deciding(failures, result_task))
             if all(t.returncode == 0 for t in training):
                 return _Outcome("success", env.EXIT_OK, "every training task exited with code 0")
             if result_task.returncode == 0:

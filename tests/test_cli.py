@@ -210,6 +210,33 @@ def test_evaluate_reads_the_trained_model_file_and_scores_the_held_out_split_as_
         assert expected in err and "Fix:" in err, err
 
 
+def test_predict_writes_a_model_with_two_outputs_as_one_array_each_in_an_npz(tmp_path, capsys):
+    import keras
+
+    from tfdist.cli import main
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, {"score": keras.layers.Dense(1, name="score")(inputs),
+                                 "kind": keras.layers.Dense(3, name="kind")(inputs)})
+    model.compile("sgd", {"score": "mse", "kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True)})
+    model.save(tmp_path / "two.keras")
+    x = np.random.default_rng(0).random((23, 4)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    expected = model.predict(x, verbose=0)
+    common = ["predict", str(tmp_path / "two.keras"), "--data", str(tmp_path / "x.npz"), "--verbose", "0"]
+    assert main([*common, "--output", str(tmp_path / "out.npz"), "--batch-size", "5"]) == 0
+    with np.load(tmp_path / "out.npz") as written:
+        assert sorted(written.files) == ["kind", "score"]
+        for name in ("kind", "score"):
+            np.testing.assert_allclose(written[name], expected[name], rtol=1e-5, atol=1e-6)
+    for suffix in ("npy", "csv"):
+        capsys.readouterr()
+        assert main([*common, "--output", str(tmp_path / f"out.{suffix}")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"a .{suffix} file holds one output; received --output" in err and "2 outputs. Fix: name an .npz" in err
+        assert not (tmp_path / f"out.{suffix}").exists()
+
+
 @pytest.mark.timeout(240)
 def test_predict_writes_the_outputs_of_every_example_in_order_as_csv_npy_or_npz(tmp_path, capsys, procs):
     import csv

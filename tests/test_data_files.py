@@ -307,7 +307,8 @@ def test_a_record_failing_its_checksum_fails_the_run_naming_its_file(tmp_path):
     with pytest.raises(DataError, match=expected):
         fit(data.load(digits["train"], features=digits["features"])[0])
     # The same framing offset in the undamaged files is a record too: only the failing one is named.
-    assert all(records_mod.starts_record(p, record, ix) for p, ix in zip(source.paths, source._index))
+    assert all(records_mod.starts_record(p, record, size, ix)
+               for p, size, ix in zip(source.paths, source.sizes, source._index))
     # A damaged length checksum: TensorFlow reports the record's own start; the validation data is named the same way.
     raw[record + records_mod.HEADER_BYTES + 5] ^= 0xFF
     raw[record + 9] ^= 0xFF

@@ -207,7 +207,7 @@ class TFRecordSource:
         indexes = self._index or [None] * len(self.paths)
         for path, size, index in zip(self.paths, self.sizes, indexes):
             for offset in (reported, reported - records_mod.HEADER_BYTES):
-                if 0 <= offset < size and records_mod.starts_record(path, offset, index) and \
+                if 0 <= offset < size and records_mod.starts_record(path, offset, size, index) and \
                         records_mod.record_fails(path, offset):
                     return DataError(f"a record fails its checksum (TensorFlow: corrupted record at {reported}); "
                                      f"received {path!r}, its record at byte {offset}, in {self.name}. Fix: copy or "

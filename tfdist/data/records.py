@@ -24,7 +24,7 @@ import struct
 import time
 import uuid
 import zlib
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from tfdist.errors import DataError
 
@@ -78,6 +78,29 @@ def mark_bytes(size: int) -> int:
     return max(MIN_MARK_BYTES, min(MAX_MARK_BYTES, size // 64))
 
 
+def _record_starts(f, path: str, start: int, stop: int, size: int) -> Iterator[int]:
+    """The byte offset of each record of the open file ``f`` (``size`` bytes), from ``start`` (a
+    record's) until ``stop``, and finally the first offset at or past ``stop``; headers only (a
+    large record is skipped with a seek). A header cut off or a record overrunning the file is a
+    DataError."""
+    pos = start
+    buf, buf_start = b"", 0
+    while pos < stop:
+        yield pos
+        rel = pos - buf_start
+        if rel < 0 or rel + _HEADER > len(buf):
+            f.seek(pos)
+            buf, buf_start, rel = f.read(_CHUNK), pos, 0
+            if len(buf) < _HEADER:
+                raise _corrupt(path, pos, size, "a record header is cut off")
+        (length,) = struct.unpack_from("<Q", buf, rel)
+        end = pos + _HEADER + length + _FOOTER
+        if end > size:
+            raise _corrupt(path, pos, size, f"the record there claims {length} bytes")
+        pos = end
+    yield pos
+
+
 def scan(path: str, size: int | None = None, *, compression: str = "") -> FileIndex:
     """Counts the records of a TFRecord file and marks byte offsets (a pass over its headers)."""
     import tensorflow as tf
@@ -86,27 +109,17 @@ def scan(path: str, size: int | None = None, *, compression: str = "") -> FileIn
     if compression:
         return FileIndex(path, size, _count_compressed(path, compression))
     marks, offsets = [], []
-    records = pos = next_mark = 0
+    records = next_mark = 0
     spacing = mark_bytes(size)
-    buf, buf_start = b"", 0
     with tf.io.gfile.GFile(path, "rb") as f:
-        while pos < size:
-            rel = pos - buf_start
-            if rel < 0 or rel + _HEADER > len(buf):
-                f.seek(pos)
-                buf, buf_start, rel = f.read(_CHUNK), pos, 0
-                if len(buf) < _HEADER:
-                    raise _corrupt(path, pos, size, "a record header is cut off")
-            (length,) = struct.unpack_from("<Q", buf, rel)
-            end = pos + _HEADER + length + _FOOTER
-            if end > size:
-                raise _corrupt(path, pos, size, f"the record there claims {length} bytes")
+        for pos in _record_starts(f, path, 0, size, size):
+            if pos == size:  # the end of the last record
+                break
             if pos >= next_mark:
                 marks.append(records)
                 offsets.append(pos)
                 next_mark = pos + spacing
             records += 1
-            pos = end
     if not marks:
         marks, offsets = [0], [0]
     return FileIndex(path, size, records, tuple(marks), tuple(offsets))
@@ -156,20 +169,18 @@ def _count_compressed(path: str, compression: str) -> int:
                         "(None for uncompressed files).") from None
 
 
-def starts_record(path: str, offset: int, index: FileIndex | None = None) -> bool:
-    """Whether a record of ``path`` starts at byte ``offset``: its framing walked from the nearest
-    marked offset before it (reading the headers in between, at most one mark's spacing)."""
+def starts_record(path: str, offset: int, size: int, index: FileIndex | None = None) -> bool:
+    """Whether a record of ``path`` (``size`` bytes) starts at byte ``offset``: its framing walked
+    from the nearest marked offset before it (the headers in between, at most one mark's spacing)."""
     import tensorflow as tf
 
     start = max((o for o in (index.offsets if index is not None else ()) if o <= offset), default=0)
-    with tf.io.gfile.GFile(path, "rb") as f:
-        f.seek(start)
-        buf = f.read(offset - start + _HEADER)
-    pos = 0
-    while pos < offset - start and pos + 8 <= len(buf):
-        (length,) = struct.unpack_from("<Q", buf, pos)
-        pos += _HEADER + length + _FOOTER
-    return pos == offset - start and len(buf) >= pos + _HEADER
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            *_, reached = _record_starts(f, path, start, offset, size)
+    except DataError:  # the framing breaks before the offset: no record starts there
+        return False
+    return reached == offset and offset + _HEADER <= size
 
 
 def record_fails(path: str, offset: int) -> bool:

@@ -60,6 +60,21 @@ def load(args: argparse.Namespace, *, outputs: dict[str, str | None]) -> tuple[A
     return cluster, strategy, export.load_model(args.model, strategy=strategy, what="MODEL")
 
 
+def read_data(args: argparse.Namespace, model: Any, load: Any) -> Any:
+    """The source of ``--data``, as ``load`` (``data.load_to_evaluate`` or ``load_to_predict``)
+    reads it; a folder's images at the model's input size unless ``--image-size``."""
+    from tfdist.training.evaluation import image_size_of
+
+    return load(_args.one_or_files(args.data, "--data"), features=args.features, image_size=args.image_size,
+                model_image_size=image_size_of(model))
+
+
+def options(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
+    """The keyword arguments of ``tfdist.evaluate`` and ``tfdist.predict`` the flags give."""
+    return dict(batch_size=args.batch_size, per_replica_batch_size=args.per_replica_batch_size,
+                verbose=args.verbose if args.verbose is not None else "auto", cluster=cluster)
+
+
 def describe(source: Any, strategy: Any) -> str:
     """``"360 examples; strategy mirrored, 2 replica(s)"``."""
     from tfdist import strategy as strategy_mod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tfdist.cli import _args, _inference
+from tfdist.cli import _inference
 
 
 def register(subparsers) -> None:
@@ -33,12 +33,9 @@ def run_command(args: argparse.Namespace) -> int:
     cluster, strategy, model = loaded
     from tfdist import data as data_mod
     from tfdist.training import evaluate
-    from tfdist.training.evaluation import image_size_of
 
-    source = data_mod.load_to_evaluate(_args.one_or_files(args.data, "--data"), features=args.features,
-                                       image_size=args.image_size, model_image_size=image_size_of(model))
-    metrics = evaluate(model, source, batch_size=args.batch_size, per_replica_batch_size=args.per_replica_batch_size,
-                       verbose=args.verbose if args.verbose is not None else "auto", cluster=cluster)
+    source = _inference.read_data(args, model, data_mod.load_to_evaluate)
+    metrics = evaluate(model, source, **_inference.options(args, cluster))
     if cluster.is_chief:
         shown = "; ".join(f"{key} {value:.4f}" for key, value in metrics.items())
         print(f"tfdist evaluate: {shown} ({_inference.describe(source, strategy)})", flush=True)

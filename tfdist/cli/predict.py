@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tfdist.cli import _args, _inference
+from tfdist.cli import _inference
 
 FORMATS = (".csv", ".npy", ".npz")
 
@@ -57,19 +57,15 @@ def run_command(args: argparse.Namespace) -> int:
     cluster, strategy, model = loaded
     from tfdist import data as data_mod
     from tfdist.training import predict
-    from tfdist.training.evaluation import image_size_of
 
     names = _resolve_class_names(args.class_names)
     _check_fits(model, args.output, names)  # before predicting
-    source = data_mod.load_to_predict(_args.one_or_files(args.data, "--data"), features=args.features,
-                                      image_size=args.image_size, model_image_size=image_size_of(model))
-    outputs = predict(model, source, batch_size=args.batch_size, per_replica_batch_size=args.per_replica_batch_size,
-                      verbose=args.verbose if args.verbose is not None else "auto", cluster=cluster)
+    source = _inference.read_data(args, model, data_mod.load_to_predict)
+    outputs = predict(model, source, **_inference.options(args, cluster))
     if cluster.is_chief:
         if args.softmax:
             outputs = _map(_softmax, outputs)
-        paths = [f"{source.directory}/{f}" for f in source.files] if isinstance(source, data_mod.ImageFolderSource) \
-            else None
+        paths = source.paths() if isinstance(source, data_mod.ImageFolderSource) else None
         _inference.write_output(args.output, encode(outputs, args.output, paths=paths, class_names=names))
         print(f"tfdist predict: wrote {args.output} ({_inference.describe(source, strategy)})", flush=True)
     return 0

@@ -220,6 +220,10 @@ class ImageFolderSource:
     def num_examples(self) -> int:
         return len(self.files)
 
+    def paths(self) -> list[str]:
+        """Each image's path (the folder's joined with its own under it), in the listing's order."""
+        return [_join(self.directory, name) for name in self.files.tolist()]
+
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
@@ -338,12 +342,11 @@ class ImageFolderSource:
 
         log.warning("an image of %s did not decode; looking for it (at most %.0f s)", self.name, SCAN_SECONDS)
         deadline = time.monotonic() + SCAN_SECONDS
-        for i, name in enumerate(self.files.tolist()):
+        for i, path in enumerate(self.paths()):
             if time.monotonic() > deadline:
                 return None, i
-            path = _join(self.directory, name)
             try:
-                tf.image.decode_image(tf.io.read_file(path), channels=self.channels, expand_animations=False)
+                self._load(tf.constant(path))  # as the pipeline reads it
             except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
                 return path, i + 1
         return None, self.num_examples

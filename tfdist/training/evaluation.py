@@ -124,7 +124,8 @@ class _Inference:
 
     @contextlib.contextmanager
     def own_errors(self):
-        """A Python dataset's own error, not TensorFlow's wrapping of it."""
+        """The user's error behind TensorFlow's from the input pipeline (``data.read_failure``: a
+        Python dataset's own exception, the damaged file named), not TensorFlow's wrapping of it."""
         try:
             yield
         except BaseException as e:

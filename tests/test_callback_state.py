@@ -208,6 +208,44 @@ def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted
     assert all(np.array_equal(a, b) for a, b in zip(best, complete.model.get_weights()))
 
 
+@pytest.mark.parametrize("keras_name,legacy", [("keras", False), ("tf_keras", False), ("tf_keras", True)],
+                         ids=["keras", "tf_keras", "tf_keras-legacy-optimizer"])
+def test_a_scheduler_relative_to_the_current_learning_rate_is_applied_once_to_the_epoch_a_run_resumes_in(
+        tmp_path, keras_name, legacy):
+    """Keras' own LearningRateScheduler example form, ``lr * factor`` at each epoch's beginning:
+    the resumed epoch's beginning sees the learning rate that epoch began with, not the
+    checkpoint's (which holds the change already), and the run ends as one never interrupted.
+    (A tf_keras legacy optimizer makes its learning-rate variable at its first step unless tfdist
+    makes it before restoring.)"""
+    keras = __import__(keras_name)
+
+    def build():
+        model = _build(keras_name)()
+        if legacy:
+            model.compile(keras.optimizers.legacy.SGD(0.2, momentum=0.5),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    def callbacks(crash_at=None):
+        halve = keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.5 if epoch else lr)
+        return [halve] + ([crash_after(crash_at, keras_name)] if crash_at else [])
+
+    def fit(name, cbs):
+        return tfdist.fit(build, "digits", epochs=3, batch_size=128, seed=3, deterministic=True,
+                          strategy="one_device", checkpoint_dir=str(tmp_path / name), save_every_steps=4, verbose=0,
+                          callbacks=cbs)
+
+    reference = fit("ref", callbacks())
+    lr_key = "learning_rate" if "learning_rate" in reference.history else "lr"
+    assert reference.history[lr_key] == pytest.approx([0.2, 0.1, 0.05])
+    with pytest.raises(Crash):
+        fit("int", callbacks(crash_at=26))  # epoch 2 (11 steps an epoch), saved at step 24
+    resumed = fit("int", callbacks())
+    assert resumed.tfdist.start_step == 24
+    assert resumed.history == reference.history
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+
+
 def test_adding_or_removing_early_stopping_with_best_weights_on_resume_still_resumes(tmp_path, caplog):
     import keras
 

@@ -1,4 +1,4 @@
-"""The tf_keras callback that connects Keras' ``fit`` loop to tfdist's training controller.
+"""The tf_keras callbacks that connect Keras' ``fit`` loop to tfdist's training controller.
 
 It hooks into tf_keras at two points its own ``BackupAndRestore`` uses: ``model._training_state``
 (``maybe_load_initial_counters_from_ckpt`` tells ``fit`` the epoch and step to start at) and
@@ -23,8 +23,25 @@ class _StartAt:
         return self.epoch, self.step
 
 
+class EpochBeginCallback(tf_keras.callbacks.Callback):
+    """Reports each epoch's beginning to a ``Controller`` before the user's callbacks see it
+    (it comes first): a resumed epoch's metric accumulators and learning rate are put back."""
+
+    def __init__(self, controller: Controller):
+        super().__init__()
+        self._supports_tf_logs = True
+        self.controller = controller
+
+    def on_epoch_begin(self, epoch, logs=None):
+        resumed = isinstance(self.model._training_state, _StartAt)
+        if resumed:
+            self.model._training_state = None
+        self.controller.on_epoch_begin(epoch, resumed_mid_epoch=resumed)  # Keras has just reset the metrics
+
+
 class TrainingCallback(tf_keras.callbacks.Callback):
-    """Reports tf_keras' batch and epoch boundaries to a ``Controller``; starts a resumed run mid-epoch.
+    """Reports tf_keras' batch and epoch boundaries to a ``Controller``; starts a resumed run mid-epoch
+    (with ``EpochBeginCallback`` first in the list).
 
     It comes after the user's callbacks: a save at a step or an epoch's end holds what they
     did there (ReduceLROnPlateau's new learning rate, their counters), and their state is put
@@ -44,10 +61,7 @@ class TrainingCallback(tf_keras.callbacks.Callback):
         self.controller.on_train_begin()
 
     def on_epoch_begin(self, epoch, logs=None):
-        resumed = isinstance(self.model._training_state, _StartAt)
-        if resumed:
-            self.model._training_state = None
-        self.controller.on_epoch_begin(epoch, resumed_mid_epoch=resumed)  # Keras has just reset the metrics
+        self.controller.after_epoch_begin()
 
     def on_train_batch_end(self, batch, logs=None):
         # ``batch`` is the last step of this call within the epoch (steps_per_execution > 1: every k-th).

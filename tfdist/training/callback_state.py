@@ -16,6 +16,13 @@ own ``on_train_begin`` (which resets them):
 A ``CSVLogger`` of a resumed run appends to its file instead of starting it again.
 Callbacks are matched to the saved state by position and class; what does not match starts
 afresh, with a warning.
+
+A run resumed mid-epoch calls the callbacks' ``on_epoch_begin`` for that epoch again, and a
+callback that sets the learning rate from its current value there -- ``LearningRateScheduler``
+with ``lambda epoch, lr: lr * 0.9``, as Keras' own example, or a user's warm-up -- would apply
+its change twice: the checkpoint's learning rate already holds it. So the learning rate each
+epoch began with (before ``on_epoch_begin``) is saved too; the resumed epoch's callbacks see
+that value, and training then goes on with the checkpoint's own.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ REGISTRY: dict[str, tuple[str, ...]] = {
 
 _KERAS_PACKAGES = ("keras", "tf_keras")
 _BEST_WEIGHTS = "best_weights"
+_EPOCH_BEGIN_LR = "learning_rate_at_epoch_begin"
+"""The key of the learning rate the current epoch began with (callbacks' keys hold a colon)."""
 
 
 def _keras_class(callback, names) -> str | None:
@@ -63,6 +72,17 @@ def _has_protocol(callback) -> bool:
 
 def _keeps_best_weights(callback) -> bool:
     return _registered(callback) == "EarlyStopping" and bool(getattr(callback, "restore_best_weights", False))
+
+
+def learning_rate_variable(optimizer) -> Any:
+    """The variable holding ``optimizer``'s learning rate (either Keras, a loss-scale wrapper's
+    inner optimizer), or None when it is a schedule or a function (nothing sets it)."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    for candidate in (getattr(optimizer, "_learning_rate", None),  # Keras 3, tf_keras' optimizers
+                      getattr(optimizer, "_hyper", {}).get("learning_rate")):  # tf_keras' legacy optimizers
+        if callable(getattr(candidate, "assign", None)) and callable(getattr(candidate, "numpy", None)):
+            return candidate
+    return None
 
 
 def _plain(value: Any, *, where: str) -> Any:
@@ -107,6 +127,9 @@ class CallbackState:
             self._make_slots(keepers, model)
         self._saved: dict | None = None
         self._arrays_restored = False
+        self._optimizer = getattr(model, "optimizer", None)
+        self._epoch_begin_lr: float | None = None
+        self._resumed_lr: Any = None
 
     def _make_slots(self, keepers, model) -> None:
         import tensorflow as tf
@@ -141,6 +164,7 @@ class CallbackState:
         if self._saved is None:
             return
         unmatched = dict(self._saved)
+        unmatched.pop(_EPOCH_BEGIN_LR, None)
         fresh = []
         for cb in self._stateful:
             key = self._keys[id(cb)]
@@ -181,6 +205,25 @@ class CallbackState:
                 weights = [v.numpy() for v in self._slots[key]]
         return weights
 
+    # --- around the callbacks' on_epoch_begin ----------------------------------------------
+    def before_epoch_begin(self, *, resumed_mid_epoch: bool) -> None:
+        """Before the callbacks' ``on_epoch_begin``: records the learning rate the epoch begins
+        with; in the epoch a run resumes in, puts back the one it began with then."""
+        variable = learning_rate_variable(self._optimizer)  # tf_keras' legacy optimizers make it late
+        if variable is None:
+            return
+        saved = (self._saved or {}).get(_EPOCH_BEGIN_LR) if resumed_mid_epoch else None
+        if isinstance(saved, (int, float)) and not isinstance(saved, bool):
+            self._resumed_lr = variable.numpy()
+            variable.assign(saved)
+        self._epoch_begin_lr = float(variable.numpy())
+
+    def after_epoch_begin(self) -> None:
+        """After the callbacks' ``on_epoch_begin``: the resumed epoch goes on with the checkpoint's learning rate."""
+        if self._resumed_lr is not None:
+            learning_rate_variable(self._optimizer).assign(self._resumed_lr)
+            self._resumed_lr = None
+
     # --- at every save -------------------------------------------------------------------
     def capture(self, *, assign: bool = True) -> dict:
         """The callbacks' state for the checkpoint's metadata; with ``assign``, best weights
@@ -203,6 +246,8 @@ class CallbackState:
                     self._assign(key, weights)
             json.dumps(entry, allow_nan=True)
             state[key] = entry
+        if self._epoch_begin_lr is not None:
+            state[_EPOCH_BEGIN_LR] = self._epoch_begin_lr
         return state
 
     def _assign(self, key: str, weights) -> None:

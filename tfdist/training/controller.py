@@ -113,11 +113,20 @@ class Controller:
         self._t0 = time.monotonic()
 
     def on_epoch_begin(self, epoch: int, *, resumed_mid_epoch: bool = False) -> None:
-        """``resumed_mid_epoch``: the loop starts inside this epoch and has just reset its metrics;
-        the saved accumulators are put back."""
+        """After the loop reset the metrics, before the user's callbacks' ``on_epoch_begin``.
+        ``resumed_mid_epoch``: the loop starts inside this epoch; the saved accumulators are put
+        back, and the callbacks see the learning rate the epoch began with."""
         self.epoch = epoch
         if resumed_mid_epoch and self.checkpointer is not None:
             self.checkpointer.restore_metrics()
+        if self.callback_state is not None:
+            self.callback_state.before_epoch_begin(resumed_mid_epoch=resumed_mid_epoch)
+
+    def after_epoch_begin(self) -> None:
+        """After the user's callbacks' ``on_epoch_begin``: a resumed epoch goes on with the
+        checkpoint's learning rate, whatever they set."""
+        if self.callback_state is not None:
+            self.callback_state.after_epoch_begin()
 
     def on_step_end(self, step: int) -> None:
         """After global step ``step`` (counted from the start of the run) finished."""

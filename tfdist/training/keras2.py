@@ -159,6 +159,8 @@ def build_state(model, sample: tuple) -> None:
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         if hasattr(optimizer, "build"):
             optimizer.build(model.trainable_variables)
+        elif hasattr(optimizer, "_create_all_weights"):  # a legacy optimizer: iterations, hyper-parameters, slots
+            optimizer._create_all_weights(model.trainable_variables)
         _aggregate_schedule_variable(optimizer, model.distribute_strategy)
 
 
@@ -290,7 +292,7 @@ class TfKeras:
     def run(self, model, controller, *, train_data, validation_data, validation_steps, validation_freq, plan,
             callbacks, verbose):
         """Runs tf_keras' fit from the controller's start; returns its History."""
-        from tfdist.training.callback import TrainingCallback
+        from tfdist.training.callback import EpochBeginCallback, TrainingCallback
 
         return model.fit(
             train_data,
@@ -300,7 +302,7 @@ class TfKeras:
             validation_data=validation_data,
             validation_steps=validation_steps,
             validation_freq=validation_freq,
-            callbacks=[*(callbacks or []), TrainingCallback(controller)],
+            callbacks=[EpochBeginCallback(controller), *(callbacks or []), TrainingCallback(controller)],
             verbose=verbose,
         )
 

@@ -403,6 +403,9 @@ class _ControllerHooks:
         resumed, self._resumed_mid_epoch = self._resumed_mid_epoch, False
         self._controller.on_epoch_begin(epoch, resumed_mid_epoch=resumed)
 
+    def after_epoch_begin(self, epoch: int) -> None:
+        self._controller.after_epoch_begin()
+
     def on_step_end(self, global_step: int) -> None:
         self._controller.on_step_end(global_step)
 

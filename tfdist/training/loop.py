@@ -42,7 +42,11 @@ class Hooks:
         saved state is put back here."""
 
     def on_epoch_begin(self, epoch: int) -> None:
-        """After the model's metrics were reset for ``epoch``: a resumed epoch restores its accumulators here."""
+        """After the model's metrics were reset for ``epoch``, before the user's ``on_epoch_begin``:
+        a resumed epoch restores its accumulators here."""
+
+    def after_epoch_begin(self, epoch: int) -> None:
+        """After the user's ``on_epoch_begin``."""
 
     def on_step_end(self, global_step: int) -> None:
         """After the execution that ends at ``global_step`` (steps since the run began, all
@@ -249,6 +253,7 @@ def run_loop(
         model.reset_metrics()
         hooks.on_epoch_begin(epoch)
         callback_list.on_epoch_begin(epoch)
+        hooks.after_epoch_begin(epoch)
         logs: dict = {}
         epoch_end = (epoch + 1) * steps_per_epoch
         while step < epoch_end:

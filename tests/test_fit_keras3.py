@@ -118,6 +118,35 @@ def test_a_subclassed_model_with_its_own_train_step_runs_that_step():
     assert int(history.model.steps.numpy()) == 8
 
 
+def test_the_keras_guide_train_step_returning_every_metric_result_logs_them_flat_as_fit_does():
+    """Keras' guide writes ``return {m.name: m.result() for m in self.metrics}``: with compiled
+    metrics one of them is ``compile_metrics``, whose result is a dict; fit flattens it."""
+    import keras
+    import tensorflow as tf
+
+    class Guide(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+            for metric in self.metrics:
+                metric.update_state(loss) if metric.name == "loss" else metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    def build():
+        inputs = keras.Input((6,))
+        model = Guide(inputs, keras.layers.Dense(3)(inputs))
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    history = _fit(model=build, epochs=2)
+    assert sorted(history.history) == ["accuracy", "loss"]
+    assert all(isinstance(v, float) and np.isfinite(v) for values in history.history.values() for v in values)
+    assert 0.0 <= history.history["accuracy"][1] <= 1.0 and history.history["loss"][1] < history.history["loss"][0]
+
+
 def test_mixed_precision_builds_the_model_under_the_policy():
     history = _fit(model=lambda: _model(dropout=False), mixed_precision="mixed_float16", epochs=1)
     model = history.model

@@ -143,10 +143,16 @@ class _Functions:
 
 
 def _floats(logs) -> dict:
+    """Logs as Keras' ``fit`` gives them to callbacks and History: scalars as floats, and a dict
+    inside them flattened into them (a ``train_step`` returning ``{m.name: m.result() for m in
+    self.metrics}``, as Keras' guide writes it, holds ``compile_metrics``' dict of results)."""
     import numpy as np
 
     out = {}
     for key, value in (logs or {}).items():
+        if isinstance(value, dict):
+            out.update(_floats(value))
+            continue
         array = np.asarray(value)
         out[key] = float(array) if array.ndim == 0 else array
     return out

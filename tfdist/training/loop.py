@@ -79,6 +79,25 @@ def _reducer(strategy, metric_names: frozenset):
     return reduce
 
 
+def _skipping_empty_batches(model, strategy):
+    """The model's ``test_step``; Keras' own skips a replica's empty batch (fewer examples than
+    replicas): Keras 3's loss of no examples is 0/0, NaN, and its loss tracker's sum would make
+    the whole evaluation's loss NaN. Under mirrored and multi_worker_mirrored, where each
+    replica's metrics are its own (under central storage a metric update is a cross-replica
+    call, which a condition cannot hold). A user's own ``test_step`` runs as written."""
+    import tensorflow as tf
+
+    test_step = model.test_step
+    if type(model).test_step.__module__.split(".")[0] != "keras" or _kind(strategy) != "replicated":
+        return test_step
+
+    def step(data):
+        examples = tf.shape(tf.nest.flatten(data)[0])[0]
+        return tf.cond(examples > 0, lambda: test_step(data), model.get_metrics_result)
+
+    return step
+
+
 class _Functions:
     """The tf.functions of one loop: ``train(iterator, n)`` runs n steps (n a Python int, a
     trace per distinct n) and returns logs; ``test(batch)`` runs one test step."""
@@ -86,7 +105,7 @@ class _Functions:
     def __init__(self, model, strategy, step_fn, metric_names: frozenset, *, parameter_server: bool):
         import tensorflow as tf
 
-        test_step = model.test_step
+        test_step = _skipping_empty_batches(model, strategy)
         # As Keras' fit does: a model compiled with jit_compile=True gets its replica steps compiled
         # by XLA inside strategy.run ("auto" has already resolved to False on CPUs and in a scope).
         wanted = getattr(model, "jit_compile", False) is True

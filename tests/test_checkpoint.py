@@ -374,6 +374,29 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     assert unlisted and all("moved aside" in info.problem for info in unlisted), [i.problem for i in unlisted]
 
 
+def test_a_lost_or_damaged_state_file_resumes_from_the_checkpoints_beside_it_and_still_refuses_another_run(
+        tmp_path, caplog):
+    from tfdist.errors import CheckpointError, CheckpointMismatchError
+
+    _fit(tmp_path, epochs=1)  # 15 steps; keeps 9, 12 and 15
+    (tmp_path / "checkpoint").unlink()  # deleted (or never copied with the rest)
+    before = _tree_digest(tmp_path)
+    with pytest.raises(CheckpointMismatchError, match="global_batch_size: checkpoint 20, this run 30"):
+        _fit(tmp_path, epochs=2, batch_size=30)
+    with pytest.raises(CheckpointError, match=r"holds 3 checkpoint\(s\).*ckpt-15"):
+        _fit(tmp_path, epochs=2, resume=False)
+    assert _tree_digest(tmp_path) == before
+    with caplog.at_level("WARNING", logger="tfdist"):
+        resumed = _fit(tmp_path, epochs=2)
+    assert resumed.tfdist.start_step == 15 and resumed.tfdist.global_step == 30
+    assert "no readable state file" in caplog.text and "newest ckpt-15" in caplog.text
+    assert all((tmp_path / f"ckpt-{step}.index").exists() for step in (9, 12, 15))  # unlisted, never deleted
+    (tmp_path / "checkpoint").write_text("")  # emptied: TensorFlow's manager would fail on it
+    again = _fit(tmp_path, epochs=3)
+    assert again.tfdist.start_step == 30 and again.tfdist.global_step == 45
+    assert len(glob.glob(str(tmp_path / "checkpoint.replaced-*"))) == 1
+
+
 def test_a_relative_checkpoint_dir_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _fit("relative", epochs=1)

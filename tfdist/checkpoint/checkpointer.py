@@ -183,6 +183,7 @@ class Checkpointer:
         if is_chief:
             self.directory = options.directory
             storage.check_writable(self.directory)
+            self._set_aside_unreadable_state()
         else:  # tf.distribute: non-chief workers save too, to a local place that is thrown away
             self.directory = storage.task_scratch_dir(purpose="ckpt", task_name=task_name,
                                                       key=storage.absolute(options.directory))
@@ -225,7 +226,7 @@ class Checkpointer:
             except CheckpointTakenOverError:
                 # A save in flight when another run took over (this run was frozen): its files go, unless
                 # that run lists the step; raising here skips the manager's listing and deletions.
-                listed = {storage.basename(p) for p in layout.checkpoint_paths(self.directory)}
+                listed = {storage.basename(p) for p in layout.checkpoint_paths(self.directory, listed_only=True)}
                 if storage.basename(save_path) not in listed:
                     for path in layout.checkpoint_files(save_path):
                         storage.remove(path)
@@ -333,6 +334,16 @@ class Checkpointer:
         log.warning("an earlier %s was kept as %s.*.replaced-%s before saving the new one",
                     storage.basename(prefix), storage.basename(prefix), stamp)
 
+    def _set_aside_unreadable_state(self) -> None:
+        """Moves aside a state file that names no checkpoint (emptied, damaged, written over),
+        which TensorFlow's manager cannot read; the checkpoints beside it are what resume reads."""
+        state = layout.state_path(self.directory)
+        if storage.exists(state) and not layout.checkpoint_paths(self.directory, listed_only=True):
+            aside = layout.replaced_name(state, time.strftime("%Y%m%d-%H%M%S"))
+            storage.rename(state, aside)
+            log.warning("the state file %s names no checkpoint (damaged or written over): kept as %s", state,
+                        storage.basename(aside))
+
     def _remove_orphan_metadata(self, *, keep: str) -> None:
         """Removes the metadata of checkpoints the manager deleted (``keep``: the save in flight)."""
         for meta in layout.metadata_files(self.directory):
@@ -407,6 +418,9 @@ class Checkpointer:
 
         self.sync()
         paths = layout.checkpoint_paths(self.options.directory) if self.options.resume else []
+        if paths and not layout.checkpoint_paths(self.options.directory, listed_only=True):
+            log.warning("%s has no readable state file `checkpoint`: resuming from the checkpoints found beside it "
+                        "(newest %s)", self.options.directory, storage.basename(paths[-1]))
         if paths:  # the newest checkpoint decides which run the directory belongs to
             self._check_compatible(paths[-1], layout.read_metadata(paths[-1]))
         if self.is_chief:  # this run's directory: what killed writes left can go, and this run writes it now

@@ -97,7 +97,7 @@ def _listed_paths(directory: str) -> list[str]:
     if not storage.exists(state):
         return []
     try:
-        paths = [_normalized(p) for p in layout.checkpoint_paths(directory)]
+        paths = [_normalized(p) for p in layout.checkpoint_paths(directory, listed_only=True)]
     except Exception as e:  # noqa: BLE001 -- a damaged state file: name it below
         paths, reason = [], describe(e)
     else:

@@ -197,13 +197,17 @@ def reader(prefix: str):
 
 
 # --- the state file --------------------------------------------------------------------------
-def checkpoint_paths(directory: str) -> list[str]:
+def checkpoint_paths(directory: str, *, listed_only: bool = False) -> list[str]:
     """The complete checkpoints of ``directory``, oldest first, as its state file names them
-    (read as text: listing needs no TensorFlow for a local directory). [] without a state file."""
+    (read as text: listing needs no TensorFlow for a local directory).
+
+    Without a state file that names one (deleted, emptied, damaged, written over), the
+    checkpoints found beside it (:func:`found_checkpoints`), so that a run never starts over
+    on top of its own checkpoints; ``listed_only``: [] then."""
     try:
         lines = storage.read_text(state_path(directory)).splitlines()
-    except OSError:
-        return []
+    except (OSError, UnicodeDecodeError):
+        lines = []
     latest, paths = None, []
     for line in lines:
         match = _STATE_LINE.match(line.strip())
@@ -214,7 +218,19 @@ def checkpoint_paths(directory: str) -> list[str]:
                 latest = path
             else:
                 paths.append(path)
-    return paths or ([latest] if latest else [])
+    listed = paths or ([latest] if latest else [])
+    return listed if listed or listed_only else found_checkpoints(directory)
+
+
+def found_checkpoints(directory: str) -> list[str]:
+    """The checkpoints of ``directory`` whose index and tfdist metadata are there (what a save
+    writes last), by step, whatever the state file says."""
+    steps = []
+    for path in storage.glob_names(directory, f"{CHECKPOINT_NAME}-*.index"):
+        match = re.fullmatch(rf"{CHECKPOINT_NAME}-(\d+)\.index", storage.basename(path))
+        if match and storage.exists(metadata_path(strip_file_suffix(path))):
+            steps.append(int(match.group(1)))
+    return [prefix_for(directory, step) for step in sorted(steps)]
 
 
 # --- metadata --------------------------------------------------------------------------------

@@ -78,6 +78,32 @@ def test_train_class_weight_and_validation_freq_flags_are_parsed_refused_in_one_
     assert record["final_loss"] == 0.0 and record["val_accuracy"] is None
 
 
+def test_train_refuses_before_training_what_it_could_not_write_or_would_write_among_checkpoints(tmp_path, capsys):
+    from tfdist.cli import main
+
+    (tmp_path / "afile").write_text("")
+    run = tmp_path / "run"
+    cases = [
+        (["--save-model", str(tmp_path / "afile" / "m.keras")], "--save-model cannot be written: its folder"),
+        (["--summary-json", str(tmp_path)], "--summary-json names a directory, not a file"),
+        (["--summary-json", str(run / "checkpoints" / "checkpoint")], "would be written among the run's checkpoints"),
+        (["--learning-rate", "nan"], "expected a positive, finite number, received 'nan'"),
+    ]
+    for extra, expected in cases:
+        try:
+            code = main(["train", "--epochs", "1", "--output-dir", str(run), *extra])
+        except SystemExit as e:  # argparse
+            code = e.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and expected in err[-1] and "Traceback" not in "\n".join(err), (extra, err[-3:])
+    assert not (run / "checkpoints").exists()  # nothing trained
+    assert main(["train", "--epochs", "1", "--steps-per-epoch", "2", "--verbose", "0", "--output-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--epochs", "1", "--output-dir", str(run / "checkpoints")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--output-dir is a checkpoint directory" in err and repr(str(run)) in err, err
+
+
 @pytest.mark.timeout(240)
 def test_train_writes_the_trained_model_as_a_keras_file_that_loads_and_scores_as_the_run(tmp_path, capsys):
     import json

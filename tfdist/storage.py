@@ -196,8 +196,13 @@ def _replace_atomically(path: str, write) -> None:
     """``write(target)`` into a temporary file renamed over ``path``; on an object store, into ``path`` itself."""
     if not is_url(path):
         tmp = f"{path}.tmp-{os.getpid()}"
-        write(tmp)
-        os.replace(tmp, path)
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
         return
     if scheme(path) in OBJECT_STORES:
         write(path)  # one object write: atomic on an object store
@@ -241,17 +246,38 @@ def check_writable(directory: str, *, what: str = "checkpoint_dir") -> None:
     """Creates ``directory`` and writes and removes a small file there; raises StorageError if
     that fails, naming the directory and the reason."""
     check_supported(directory, what=what)
+    reason = _write_probe(directory)
+    if reason:
+        raise StorageError(
+            f"the {what} is not writable; received {what}={directory!r} ({reason}). "
+            "Fix: choose a directory you can write to, or fix its permissions."
+        )
+
+
+def check_output_file(path: str, *, what: str) -> None:
+    """Refuses, before any work, a file that cannot be written: a name that is a directory, or
+    whose folder cannot be made or written to (a file in the way, no permission). Makes the folder."""
+    check_supported(path, what=what)
+    if isdir(path):
+        raise StorageError(f"{what} names a directory, not a file; received {what}={path!r}. Fix: name a file "
+                           "in it, or elsewhere.")
+    folder = dirname(absolute(path))
+    reason = _write_probe(folder)
+    if reason:
+        raise StorageError(f"{what} cannot be written: its folder {folder!r} is not writable ({reason}); received "
+                           f"{what}={path!r}. Fix: name a file in a folder you can write to.")
+
+
+def _write_probe(directory: str) -> str | None:
+    """Why ``directory`` cannot be made or written to (after trying), or None."""
     probe = join(directory, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex[:8]}")
     try:
         makedirs(directory)
         write_atomic(probe, b"")
         remove(probe)
     except Exception as e:  # noqa: BLE001 -- OSError locally, tf.errors.OpError elsewhere
-        reason = getattr(e, "strerror", None) or describe(e)
-        raise StorageError(
-            f"the {what} is not writable; received {what}={directory!r} ({reason}). "
-            "Fix: choose a directory you can write to, or fix its permissions."
-        ) from None
+        return getattr(e, "strerror", None) or describe(e)
+    return None
 
 
 def task_scratch_dir(*, purpose: str, task_name: str, key: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def positive_int(text: str) -> int:
@@ -20,8 +21,8 @@ def positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}")
+    if not 0 < value < math.inf:  # NaN fails it too
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number, received {text!r}")
     return value
 
 

@@ -117,6 +117,22 @@ def _summary_line(summary) -> str:
     return "; ".join(parts)
 
 
+def _check_outputs(cluster, outputs: dict[str, str | None], checkpoint_dir: str) -> None:
+    """Refuses, before training, a file the chief could not write when the run is complete, or
+    that would be written among the checkpoints (over the state file, say)."""
+    from tfdist import storage
+    from tfdist.errors import StorageError
+
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        if storage.dirname(storage.absolute(path)).rstrip("/") == storage.absolute(checkpoint_dir).rstrip("/"):
+            raise StorageError(f"{flag} would be written among the run's checkpoints; received {flag}={path!r} in "
+                               f"{checkpoint_dir!r}. Fix: name a file outside the checkpoint directory.")
+        if cluster.is_chief:
+            storage.check_output_file(path, what=flag)
+
+
 def run_command(args: argparse.Namespace) -> int:
     from tfdist import cluster as cluster_mod
 
@@ -134,8 +150,16 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist.checkpoint import layout
 
     checkpoint_dir = args.checkpoint_dir or layout.checkpoint_dir_of(args.output_dir)
+    if not args.checkpoint_dir and (storage.exists(layout.state_path(args.output_dir))
+                                    or layout.found_checkpoints(args.output_dir)):
+        from tfdist.errors import StorageError
+
+        raise StorageError(f"--output-dir is a checkpoint directory (it holds ckpt-* files), not a run's output "
+                           f"directory; received --output-dir={args.output_dir!r}. Fix: pass the folder above it "
+                           f"({storage.dirname(storage.absolute(args.output_dir))!r}) to resume that run.")
     if args.checkpoint_dir:  # else it is under --output-dir, on the filesystem just checked
         storage.check_supported(checkpoint_dir, what="--checkpoint-dir")
+    _check_outputs(cluster, {"--save-model": model_path, "--summary-json": args.summary_json}, checkpoint_dir)
     if args.no_resume:
         from tfdist.checkpoint import refuse_to_start_over
 

@@ -36,6 +36,14 @@ def test_auto_rule_order_and_reason(config, gpus, name, reason):
     assert reason in choice.reason
 
 
+def test_auto_replicates_over_several_devices_given_unless_the_cluster_has_several_tasks():
+    cpus = ("/device:CPU:0", "/device:CPU:1")
+    given = strategy.choose(ClusterSpec(), num_gpus=0, devices=cpus)
+    assert given.name == "mirrored" and "2 devices given (/device:CPU:0, /device:CPU:1)" == given.reason
+    assert strategy.choose(ClusterSpec(), num_gpus=0, devices=cpus[:1]).name == "one_device"
+    assert strategy.choose(parse_tf_config(MW), num_gpus=0, devices=cpus).name == "multi_worker_mirrored"
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [

@@ -4,8 +4,9 @@ The ``auto`` rule (``choose``) decides from the detected cluster, in this order:
 
 1. a ``ps`` job in the cluster         -> ``parameter_server``
 2. more than one training task         -> ``multi_worker_mirrored``
-3. one machine with several GPUs       -> ``mirrored``
-4. otherwise                           -> ``one_device`` (the GPU if there is one, else the CPU)
+3. several devices given (``devices=``, ``--cpu-devices N``) -> ``mirrored`` over them
+4. one machine with several GPUs       -> ``mirrored``
+5. otherwise                           -> ``one_device`` (the GPU if there is one, else the CPU)
 
 ``central_storage`` is only chosen by name. Every choice is logged once with its reason.
 
@@ -102,8 +103,8 @@ class Choice:
     reason: str
 
 
-def choose(cluster: ClusterSpec, *, num_gpus: int) -> Choice:
-    """The ``auto`` rule. Pure: needs only the cluster and the number of local GPUs."""
+def choose(cluster: ClusterSpec, *, num_gpus: int, devices: Sequence[str] | None = None) -> Choice:
+    """The ``auto`` rule. Pure: needs only the cluster, the number of local GPUs and the devices given."""
     # 1. A ps job can only be driven by ParameterServerStrategy.
     if cluster.num_ps:
         return Choice(
@@ -113,10 +114,13 @@ def choose(cluster: ClusterSpec, *, num_gpus: int) -> Choice:
     # 2. Several training tasks must synchronize across machines.
     if cluster.num_workers > 1:
         return Choice(MULTI_WORKER_MIRRORED, f"{cluster.source} lists {cluster.num_workers} workers")
-    # 3. One machine, several GPUs.
+    # 3. Several devices given: replicas on them (e.g. a CPU split to try mirrored without GPUs).
+    if devices is not None and len(devices) > 1:
+        return Choice(MIRRORED, f"{len(devices)} devices given ({', '.join(devices)})")
+    # 4. One machine, several GPUs.
     if num_gpus > 1:
         return Choice(MIRRORED, f"{num_gpus} GPUs on this machine")
-    # 4. One device.
+    # 5. One device.
     if num_gpus == 1:
         return Choice(ONE_DEVICE, "1 GPU on this machine")
     return Choice(ONE_DEVICE, "no GPU on this machine; using the CPU")
@@ -260,6 +264,10 @@ def cross_device_ops(name: str) -> "tf.distribute.CrossDeviceOps":
     }[name]()
 
 
+MAX_CPU_DEVICES = 64
+"""The most logical CPU devices ``split_cpu`` makes: more stand-in GPUs than any machine has."""
+
+
 def split_cpu(count: int) -> list[str]:
     """Splits the CPU into ``count`` logical devices (stand-ins for GPUs on a CPU machine).
 
@@ -267,8 +275,9 @@ def split_cpu(count: int) -> list[str]:
     """
     import tensorflow as tf
 
-    if count < 1:
-        raise StrategyError(f"Invalid `cpu_devices`; received {count}. Fix: use 1 or more.")
+    if not 1 <= count <= MAX_CPU_DEVICES:
+        raise StrategyError(f"Invalid `cpu_devices`; received {count}. Fix: use 1 to {MAX_CPU_DEVICES} (each logical "
+                            "device stands in for one GPU).")
     cpu = tf.config.list_physical_devices("CPU")[0]
     current = tf.config.get_logical_device_configuration(cpu)
     if current is None or len(current) != count:
@@ -400,10 +409,10 @@ _REGISTRY: dict[str, Callable[[ClusterSpec, StrategyOptions], "tf.distribute.Str
 _CREATED: dict[tuple, "tf.distribute.Strategy"] = {}
 
 
-def resolve_name(name: str, cluster: ClusterSpec) -> Choice:
+def resolve_name(name: str, cluster: ClusterSpec, *, devices: Sequence[str] | None = None) -> Choice:
     """The strategy name and its reason, for a name or ``auto`` (creates nothing)."""
     if name == "auto":
-        return choose(cluster, num_gpus=len(local_gpus()))
+        return choose(cluster, num_gpus=len(local_gpus()), devices=devices)
     if name not in _REGISTRY:
         raise StrategyError(
             f"Unknown strategy; received strategy={name!r}. Fix: use 'auto' or one of {', '.join(NAMES)}."
@@ -443,7 +452,7 @@ def make_strategy(
         collective_timeout=collective_timeout,
         startup_timeout=startup_timeout if startup_timeout is not None else env.startup_timeout(),
     )
-    choice = resolve_name(name, cluster)
+    choice = resolve_name(name, cluster, devices=options.devices)
     key = (choice.name, cluster, options)
     if key in _CREATED:
         return _CREATED[key]

@@ -397,6 +397,26 @@ def test_a_lost_or_damaged_state_file_resumes_from_the_checkpoints_beside_it_and
     assert len(glob.glob(str(tmp_path / "checkpoint.replaced-*"))) == 1
 
 
+def test_a_checkpoint_of_the_other_keras_is_refused_even_with_allow_changes(tmp_path):
+    import keras
+
+    import tfdist
+    from tfdist.errors import CheckpointMismatchError
+
+    def keras3():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+        model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    _fit(tmp_path, epochs=1, save_every_steps=None)  # tf_keras
+    before = _tree_digest(tmp_path)
+    with pytest.raises(CheckpointMismatchError, match=r"another Keras \(keras: checkpoint 'tf_keras', this run "
+                                                      r"'keras'\).*Fix: train with tf_keras \(--keras 2"):
+        tfdist.fit(keras3, (_X, _Y), epochs=2, batch_size=20, seed=2, strategy="one_device", verbose=0,
+                   checkpoint_dir=str(tmp_path), allow_changes=True)
+    assert _tree_digest(tmp_path) == before
+
+
 def test_a_relative_checkpoint_dir_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _fit("relative", epochs=1)

@@ -402,6 +402,14 @@ class Checkpointer:
                 f"{path!r} has no tfdist metadata ({storage.basename(layout.metadata_path(path))}); received a "
                 "checkpoint tfdist did not write. Fix: use an empty checkpoint_dir; the directory was left untouched."
             )
+        keras = self.run_metadata.keras_difference(metadata)
+        if keras:  # another object graph: no checkpoint of the directory can be restored
+            saved = metadata.raw["keras"]
+            raise CheckpointMismatchError(
+                f"the checkpoint in {self.options.directory!r} was written by another Keras ({keras}); tf_keras and "
+                f"Keras 3 save different objects. Fix: train with {saved} ({'--keras 3' if saved == 'keras' else '--keras 2'}"
+                " on the command line), or use another checkpoint_dir; the checkpoints were left untouched."
+            )
         differences = self.run_metadata.differences(metadata)
         if differences and not self.options.allow_changes:
             raise CheckpointMismatchError(

@@ -258,6 +258,8 @@ class RunMetadata:
     class_weight: dict | None = None
     data_summary: str | None = None
     """For people: what the data was (name, files, examples), quoted when the fingerprints differ."""
+    keras: str | None = None
+    """``keras`` (Keras 3) or ``tf_keras``: the two save other objects, so no change is allowed."""
 
     # The TensorFlow version is part of the run: the data order comes from stateless random ops
     # (index_shuffle, philox), whose outputs TensorFlow does not promise to keep across versions.
@@ -265,6 +267,13 @@ class RunMetadata:
         "global_batch_size", "data_fingerprint", "model_fingerprint", "seed", "shuffle", "data_order",
         "tensorflow_version", "class_weight",
     )
+
+    def keras_difference(self, saved: "Metadata") -> str | None:
+        """The Keras that wrote the checkpoint, if not this run's (unknown for older checkpoints: None)."""
+        theirs = saved.raw.get("keras")
+        if theirs and self.keras and theirs != self.keras:
+            return f"keras: checkpoint {theirs!r}, this run {self.keras!r}"
+        return None
 
     def differences(self, saved: "Metadata") -> list[str]:
         """One line per must-match field that differs from the checkpoint's."""

@@ -32,6 +32,7 @@ from tfdist.training import model as model_mod
 from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
 from tfdist.training.faults import Faults
+from tfdist.training.keras_common import keras_of
 from tfdist.training.preemption import Agreement, Preempted, Preemption, PreemptionWatcher, interrupted
 from tfdist.training.summary import FitSummary, summarize
 
@@ -339,6 +340,7 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         epochs=plan.epochs,
         tfdist_version=tfdist.__version__,
         tensorflow_version=tf.__version__,
+        keras=keras_of(built).__name__,
         data_order=plan.order_record(),
         class_weight=shape.class_weight.record() if shape.class_weight is not None else None,
     )

@@ -147,6 +147,22 @@ def test_the_keras_guide_train_step_returning_every_metric_result_logs_them_flat
     assert 0.0 <= history.history["accuracy"][1] <= 1.0 and history.history["loss"][1] < history.history["loss"][0]
 
 
+def test_a_model_built_in_the_users_own_strategy_scope_trains_under_that_strategy_or_is_refused_with_the_fix():
+    import tensorflow as tf
+
+    from tfdist.errors import ModelError
+
+    mine = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with mine.scope():
+        model = _model(dropout=False)
+    history = _fit(model=model, epochs=1)  # strategy="one_device": that strategy's own name
+    assert history.model.distribute_strategy is mine and history.tfdist.strategy == "one_device"
+    assert _fit(model=model, epochs=1, strategy="auto").model.distribute_strategy is mine
+    with pytest.raises(ModelError, match=r"built in the scope of a OneDeviceStrategy \(one_device\).*received "
+                                         r"strategy='central_storage'\. Fix: pass that strategy object"):
+        _fit(model=model, epochs=1, strategy="central_storage")
+
+
 def test_mixed_precision_builds_the_model_under_the_policy():
     history = _fit(model=lambda: _model(dropout=False), mixed_precision="mixed_float16", epochs=1)
     model = history.model

@@ -127,6 +127,7 @@ def fit(
         return None
     recorded = layout.latest_metadata(options.directory) if options is not None and options.resume else None
     seed = _seed(seed, deterministic=deterministic, recorded=recorded)
+    strategy = _strategy_built_in(model, strategy)
     strat = strategy_mod.make_strategy(
         strategy, cluster=cluster, devices=devices, all_reduce=all_reduce, bytes_per_pack=bytes_per_pack,
         collective_timeout=collective_timeout,
@@ -183,6 +184,28 @@ class _Shape:
 
 
 # --- 0. arguments ------------------------------------------------------------------------------
+def _strategy_built_in(model: Any, strategy: Any) -> Any:
+    """``strategy``, or the strategy a model instance was built in (``with s.scope(): model =
+    ...``) when ``strategy`` is ``"auto"`` or that strategy's name: its variables live there and
+    cannot be used under another. Another strategy is refused with the fix."""
+    import tensorflow as tf
+
+    owned = getattr(model, "_distribute_strategy", None) or getattr(model, "_distribution_strategy", None)
+    if owned is None or owned is strategy or not isinstance(strategy, (str, tf.distribute.Strategy)):
+        return strategy
+    name = strategy_mod.name_of(owned)
+    if strategy in ("auto", name):
+        log.info("model %s was built in the scope of a %s: training under it", getattr(model, "name", "?"),
+                 type(owned).__name__)
+        return owned
+    given = strategy if isinstance(strategy, str) else type(strategy).__name__
+    raise ModelError(
+        f"the model was built in the scope of a {type(owned).__name__} ({name}), and cannot train under another "
+        f"strategy; received strategy={given!r}. Fix: pass that strategy object (strategy=...) or 'auto', or pass a "
+        "function that builds the model (tfdist calls it in the scope of the strategy it makes)."
+    )
+
+
 def _check_arguments(*, model, epochs, grad_accum_steps, callbacks, validation_freq) -> None:
     """Refuses, before anything starts, what can never work."""
     _checks.check_int("epochs", epochs, error=DataError)

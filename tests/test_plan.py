@@ -296,7 +296,7 @@ def test_cli_table_says_how_to_get_the_time(capsys):
         (["--samples", "1000", "--micro-batch", "-3"], "micro_batch_size"),
         (["--samples", "ten", "--micro-batch", "2"], "--samples"),
         (["--samples", "1000", "--global-batch", "30", "--micro-batch", "4"], "global_batch_size"),
-        (["--samples", "1000", "--micro-batch", "4", "--link-bandwidth", "fast"], "link_bandwidth"),
+        (["--samples", "1000", "--micro-batch", "4", "--link-bandwidth", "fast"], "--link-bandwidth"),
         (["--micro-batch", "4"], "--samples"),
     ],
 )
@@ -345,6 +345,77 @@ def test_cli_bad_value_in_a_subprocess():
     )
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "micro_batch_size=0" in result.stderr
+
+
+_TIMED = ["--samples", "1000", "--micro-batch", "10", "--params", "1M", "--step-time", "10ms"]
+
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("tfdist: error: "), captured.err
+    assert "Traceback" not in captured.err and "Fix: " in lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv, received",
+    [
+        (["--samples", "1e400", "--micro-batch", "10"], "--samples='1e400'"),
+        ([*_TIMED, "--epochs", "1e400"], "--epochs='1e400'"),
+        ([*_TIMED, "--step-time", "1e400"], "--step-time='1e400'"),
+        ([*_TIMED, "--mtbf", "1e307d"], "--mtbf='1e307d'"),
+        ([*_TIMED, "--restart-time", "1e400"], "--restart-time='1e400'"),
+        ([*_TIMED, "--link-bandwidth", "1e400"], "--link-bandwidth='1e400'"),
+        ([*_TIMED, "--write-bandwidth", "1e400GB/s"], "--write-bandwidth='1e400GB/s'"),
+        ([*_TIMED, "--activation-bytes", "1e400"], "--activation-bytes='1e400'"),
+        ([*_TIMED, "--optimizer-slots", "1e1000"], "--optimizer-slots='1e1000'"),
+        ([*_TIMED, "--step-time", "1e300", "--epochs", "1e15"], "step_time=1e+300"),
+        ([*_TIMED, "--input-shape", "0,0"], "--input-shape='0,0'"),
+        ([*_TIMED, "--input-shape=-1,8"], "--input-shape='-1,8'"),
+        ([*_TIMED, "--num-classes", "0"], "--num-classes='0'"),
+        ([*_TIMED, "--plot", "scaling.png", "--max-gpus", "-4"], "--max-gpus='-4'"),
+        ([*_TIMED, "--plot", "plot.txt"], "--plot='plot.txt'"),
+        ([*_TIMED, "--plot", "no-such-folder/x.png"], "--plot='no-such-folder/x.png'"),
+    ],
+)
+def test_cli_out_of_range_value_is_one_line_and_exit_2(capsys, argv, received):
+    assert main(["plan", *argv]) == 2
+    assert received in _one_line_error(capsys)
+
+
+def test_cli_plan_with_overflowing_time_names_the_estimate(capsys):
+    assert main(["plan", *_TIMED, "--step-time", "1e300", "--epochs", "1e15"]) == 2
+    line = _one_line_error(capsys)
+    assert "`train_seconds` is inf" in line and "epochs=1000000000000000" in line
+    with pytest.raises(PlanError, match="`train_seconds` is inf"):
+        Plan(samples=1000, micro_batch_size=10, epochs=10**15, step_time=1e300)
+
+
+def test_cli_plot_refuses_a_folder_and_writes_nothing(tmp_path, capsys):
+    assert main(["plan", *_TIMED, "--plot", str(tmp_path)]) == 2
+    assert "a folder" in _one_line_error(capsys)
+    assert not tmp_path.with_suffix(".png").exists()
+
+
+def test_cli_plot_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
+    import matplotlib.figure
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", refuse)
+    assert main(["plan", *_TIMED, "--plot", str(tmp_path / "x.png")]) == 2
+    assert "cannot be written (Permission denied)" in _one_line_error(capsys)
+
+
+def test_cli_huge_exponent_neither_hangs_nor_crashes():
+    result = subprocess.run(
+        [sys.executable, "-m", "tfdist", "plan", "--samples", "1e99999999", "--micro-batch", "10"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and "--samples='1e99999999'" in result.stderr
 
 
 # --- TensorFlow paths (one test each, small) -----------------------------------------------

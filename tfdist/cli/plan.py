@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 from tfdist.cli import _quiet
 from tfdist.errors import PlanError
 from tfdist.models import DEFAULT_KERAS, KERAS_VERSIONS
 from tfdist.planning.planner import DEFAULT_MAX_GPUS, Plan, plan
-from tfdist.planning.units import format_bytes, format_seconds, parse_count
+from tfdist.planning.units import format_bytes, format_seconds, parse_bytes, parse_count, parse_duration
 
 _TIME_HINT = (
     "unknown: pass --step-time SECONDS (one replica's train step on one micro batch), "
@@ -80,9 +81,45 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _count(args: argparse.Namespace, attr: str) -> int | None:
+def _option(args: argparse.Namespace, attr: str, parse=parse_count, *, positive: bool = False, **kwargs):
+    """The number of option ``--attr`` read by a ``tfdist.planning.units`` parser; None when not given.
+
+    The one place the command reads numbers: refuses, with a one-line PlanError, a value out of
+    range for a float (1e400, 1e99999999, 1e308d) and, with ``positive``, a count below 1.
+    """
     text = getattr(args, attr)
-    return None if text is None else parse_count(text, name="--" + attr.replace("_", "-"))
+    if text is None:
+        return None
+    flag = "--" + attr.replace("_", "-")
+    try:
+        value = parse(text, name=flag, **kwargs)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise PlanError(
+            f"Invalid `{flag}`; received {flag}={text!r}, out of range for a 64-bit float. "
+            "Fix: use a number of realistic size (between 1e-300 and 1e300)."
+        )
+    if positive and value < 1:
+        raise PlanError(f"Invalid `{flag}`; received {flag}={text!r}. Fix: use a positive integer.")
+    return value
+
+
+def _check_plot_path(path: str) -> None:
+    """Refuses a ``--plot`` that could not be written as named: a folder, a missing folder, not .png."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        reason = "a folder"
+    elif os.path.splitext(path)[1].lower() != ".png":
+        reason = "not a .png file name"
+    elif not os.path.isdir(folder):
+        reason = f"its folder {folder!r} does not exist"
+    else:
+        return
+    raise PlanError(
+        f"Invalid `--plot`; received --plot={path!r}, {reason}. "
+        "Fix: pass a file name ending in .png in an existing folder, e.g. --plot scaling.png."
+    )
 
 
 def _make_plan(args: argparse.Namespace) -> Plan:
@@ -93,36 +130,38 @@ def _make_plan(args: argparse.Namespace) -> Plan:
         try:
             input_shape = tuple(int(d) for d in args.input_shape.split(","))
         except ValueError:
+            input_shape = ()
+        if min(input_shape, default=0) < 1:
             raise PlanError(
                 f"Invalid `--input-shape`; received --input-shape={args.input_shape!r}. "
-                "Fix: use integers and commas, e.g. 28,28,1."
-            ) from None
+                "Fix: use positive integers and commas, e.g. 28,28,1."
+            )
     return plan(
-        samples=_count(args, "samples"),
-        epochs=_count(args, "epochs"),
-        micro_batch_size=_count(args, "micro_batch"),
-        nodes=_count(args, "nodes"),
-        gpus_per_node=_count(args, "gpus_per_node"),
-        grad_accum_steps=_count(args, "grad_accum_steps"),
-        global_batch_size=_count(args, "global_batch"),
-        max_micro_batch_size=_count(args, "max_micro_batch"),
-        params=_count(args, "params"),
+        samples=_option(args, "samples"),
+        epochs=_option(args, "epochs"),
+        micro_batch_size=_option(args, "micro_batch"),
+        nodes=_option(args, "nodes"),
+        gpus_per_node=_option(args, "gpus_per_node"),
+        grad_accum_steps=_option(args, "grad_accum_steps"),
+        global_batch_size=_option(args, "global_batch"),
+        max_micro_batch_size=_option(args, "max_micro_batch"),
+        params=_option(args, "params"),
         model=args.model,
         input_shape=input_shape,
-        num_classes=_count(args, "num_classes"),
-        step_time=args.step_time,
+        num_classes=_option(args, "num_classes", positive=True),
+        step_time=_option(args, "step_time", parse_duration),
         measure=args.measure,
-        measure_steps=_count(args, "measure_steps"),
+        measure_steps=_option(args, "measure_steps"),
         strategy=args.strategy,
         keras=args.keras,
-        optimizer_slots=parse_count(args.optimizer_slots, name="--optimizer-slots"),
+        optimizer_slots=_option(args, "optimizer_slots"),
         precision=args.precision,
-        activation_bytes=args.activation_bytes,
-        stall_window=args.stall_window,
-        mtbf=args.mtbf,
-        write_bandwidth=args.write_bandwidth,
-        link_bandwidth=args.link_bandwidth,
-        restart_seconds=args.restart_time,
+        activation_bytes=_option(args, "activation_bytes", parse_bytes),
+        stall_window=_option(args, "stall_window", parse_duration),
+        mtbf=_option(args, "mtbf", parse_duration),
+        write_bandwidth=_option(args, "write_bandwidth", parse_bytes, per_second=True),
+        link_bandwidth=_option(args, "link_bandwidth", parse_bytes, per_second=True),
+        restart_seconds=_option(args, "restart_time", parse_duration),
     )
 
 
@@ -224,9 +263,20 @@ def plot(p: Plan, path: str, *, max_gpus: int | None = None) -> None:
             f"{'step time' if p.step_time is None else 'parameter count'}. "
             "Fix: add --step-time (or --measure) and --params (or --model)."
         )
+    _check_plot_path(path)
     top = max_gpus or max(DEFAULT_MAX_GPUS, p.replicas)
     gpus = sorted({2**i for i in range(int(math.log2(top)) + 1)} | {top, p.replicas})
-    points = p.scaling([g for g in gpus if g <= top])
+    try:
+        points = p.scaling([g for g in gpus if g <= top])
+        finite = all(math.isfinite(pt.train_seconds) for pt in points)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise PlanError(
+            f"Invalid `--plot`; received --plot={path!r} for a plan whose time on fewer GPUs overflows a float "
+            f"(step time {p.step_time!r} s, {p.total_steps} steps). Fix: use realistic --step-time, --epochs "
+            "and --samples, or leave out --plot."
+        )
     import matplotlib
 
     matplotlib.use("Agg")
@@ -238,7 +288,7 @@ def plot(p: Plan, path: str, *, max_gpus: int | None = None) -> None:
     unit, scale = next((u, s) for u, s in units if longest >= 2 * s or s == 1)
     times = [pt.train_seconds / scale for pt in points]
     low, high = math.floor(math.log10(min(times))), math.ceil(math.log10(max(times)))
-    yticks = [t for t in (m * 10**e for e in range(low, high + 1) for m in (1, 2, 5))
+    yticks = [t for t in (float(f"{m}e{e}") for e in range(low, high + 1) for m in (1, 2, 5))
               if min(times) / 1.5 <= t <= max(times) * 1.5]
     xs = [pt.gpus for pt in points]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5), constrained_layout=True)
@@ -285,16 +335,26 @@ def plot(p: Plan, path: str, *, max_gpus: int | None = None) -> None:
         "the global batch grows with the GPUs",
         fontsize=11,
     )
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise PlanError(
+            f"Invalid `--plot`; received --plot={path!r}, which cannot be written ({e.strerror or e}). "
+            "Fix: pass a .png path in a folder you can write to."
+        ) from None
+    finally:
+        plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot is not None:  # before a measurement, not after it
+        _check_plot_path(args.plot)
+    max_gpus = _option(args, "max_gpus", positive=True)
     if args.measure or args.model:
         _quiet.import_tensorflow()
     p = _make_plan(args)
     if args.plot:
-        plot(p, args.plot, max_gpus=_count(args, "max_gpus"))
+        plot(p, args.plot, max_gpus=max_gpus)
     if args.json:
         print(json.dumps(p.to_dict(), indent=2))
     else:

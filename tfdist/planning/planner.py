@@ -41,6 +41,19 @@ DEFAULT_MTBF = 86_400.0  # seconds between failures that stop the job (1 day)
 DEFAULT_RESTART_SECONDS = 300.0  # seconds from a failure to training again (reschedule, restore)
 DEFAULT_LINK_BANDWIDTH = 10e9  # bytes/s of the slowest link of the all-reduce ring (10 GB/s)
 DEFAULT_MAX_GPUS = 64
+_DERIVED = (  # the numbers a plan derives from its inputs, in to_dict's order
+    "replicas", "global_batch_size", "steps_per_epoch", "dropped_samples_per_epoch", "total_steps",
+    "gradient_bytes", "checkpoint_bytes", "required_write_bytes_per_sec", "checkpoint_write_seconds",
+    "checkpoint_interval_seconds", "checkpoint_interval_steps", "checkpoint_count",
+    "lost_seconds_per_failure", "allreduce_seconds", "compute_seconds_per_step", "step_seconds",
+    "train_seconds", "checkpoint_overhead_seconds", "estimated_seconds", "expected_failures",
+    "expected_lost_seconds",
+)
+_NUMERIC_INPUTS = (
+    "samples", "epochs", "micro_batch_size", "grad_accum_steps", "nodes", "gpus_per_node", "params",
+    "optimizer_slots", "activation_bytes", "step_time", "stall_window", "mtbf", "write_bandwidth",
+    "link_bandwidth", "restart_seconds",
+)
 
 
 # --- formulas ------------------------------------------------------------------------------
@@ -182,6 +195,25 @@ class Plan:
                 f"micro_batch_size={self.micro_batch_size}) for samples={self.samples}: not one step fits in an "
                 "epoch. Fix: use a global batch no larger than the samples."
             )
+        self._check_finite()
+
+    def _check_finite(self) -> None:
+        """Refuses inputs whose derived numbers overflow a float, e.g. a 1e300 s step for 1e15 epochs."""
+        for name in ("memory", *_DERIVED):
+            try:
+                value = getattr(self, name)
+                finite = name == "memory" or value is None or math.isfinite(value)
+                value = f"{value} (not finite)"
+            except (OverflowError, ValueError):  # int(inf), int(nan), an int too large for a float
+                value, finite = "too large for a float", False
+            if not finite:
+                received = ", ".join(
+                    f"{k}={getattr(self, k)!r}" for k in _NUMERIC_INPUTS if getattr(self, k) is not None
+                )
+                raise PlanError(
+                    f"Invalid plan inputs: `{name}` is {value}; received {received}. "
+                    "Fix: use realistic values (smaller counts and durations, larger bandwidths)."
+                )
 
     # --- batch arithmetic -------------------------------------------------------------
     @property
@@ -373,16 +405,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """Every input and derived number, JSON-ready (None where unknown)."""
-        derived = (
-            "replicas", "global_batch_size", "steps_per_epoch", "dropped_samples_per_epoch", "total_steps",
-            "gradient_bytes", "checkpoint_bytes", "required_write_bytes_per_sec", "checkpoint_write_seconds",
-            "checkpoint_interval_seconds", "checkpoint_interval_steps", "checkpoint_count",
-            "lost_seconds_per_failure", "allreduce_seconds", "compute_seconds_per_step", "step_seconds",
-            "train_seconds", "checkpoint_overhead_seconds", "estimated_seconds", "expected_failures",
-            "expected_lost_seconds",
-        )
         out = dataclasses.asdict(self)
-        out.update({name: getattr(self, name) for name in derived})
+        out.update({name: getattr(self, name) for name in _DERIVED})
         out["dropped_samples"] = self.epochs * self.dropped_samples_per_epoch
         memory = self.memory
         out["memory"] = None if memory is None else memory.to_dict()

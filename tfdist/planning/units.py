@@ -16,7 +16,9 @@ _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?"
 
 
 def _number(mantissa: str, exponent: str | None) -> float:
-    return float(mantissa) * 10 ** int(exponent or 0)
+    """The float of ``mantissa`` x 10**``exponent``, inf past float's range (never an exact power of ten:
+    ``1e99999999`` would take forever to compute)."""
+    return float(f"{mantissa}e{exponent or 0}")
 
 
 def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = False) -> float:

@@ -73,6 +73,32 @@ def test_a_compiled_model_created_outside_the_scope_is_rebuilt_with_its_weights(
     assert type(history.model.optimizer).__name__ == "SGD"
 
 
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_a_model_instance_trains_as_its_builder_with_weight_decay_exclusions_and_a_users_loss_function(keras_name):
+    """What compile's config leaves out (AdamW.exclude_from_weight_decay) or cannot serialize
+    unregistered (a plain loss function) is carried into the copy made in the scope."""
+    keras = __import__(keras_name)
+
+    def loss(y_true, y_pred):
+        return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+
+    def build():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16),
+                                  keras.layers.Dense(10)])
+        optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+        optimizer.exclude_from_weight_decay(var_list=[model.layers[-1].kernel], var_names=["bias"])
+        model.compile(optimizer, loss, metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")])
+        return model
+
+    options = dict(epochs=1, batch_size=64, strategy="one_device", seed=0, deterministic=True, verbose=0,
+                   steps_per_epoch=4)
+    built = tfdist.fit(build, "digits", **options)
+    copied = tfdist.fit(build(), "digits", **options)
+    assert copied.history == built.history and "acc" in copied.history
+    assert all(np.array_equal(a, b) for a, b in zip(built.model.get_weights(), copied.model.get_weights()))
+
+
 def test_refusals_name_the_problem_and_the_fix():
     import tf_keras
 

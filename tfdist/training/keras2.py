@@ -11,7 +11,8 @@ from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist.errors import ModelError
-from tfdist.training.keras_common import defined_in, merged_history, model_fingerprint, warn_low_precision_outputs
+from tfdist.training.keras_common import (carry_weight_decay_exclusions, defined_in, fresh_metrics, merged_history,
+                                          model_fingerprint, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -105,12 +106,13 @@ def _rebuild(model, strategy):
         rebuilt = tf_keras.models.clone_model(model)
         rebuilt.set_weights(model.get_weights())
         optimizer = tf_keras.optimizers.deserialize(tf_keras.optimizers.serialize(model.optimizer))
+        carry_weight_decay_exclusions(model.optimizer, optimizer, model.weights, rebuilt.weights)
         rebuilt.compile(
             optimizer=optimizer,
             loss=args["loss"],
-            metrics=args["metrics"],
+            metrics=fresh_metrics(tf_keras, args["metrics"]),
             loss_weights=args["loss_weights"],
-            weighted_metrics=args["weighted_metrics"],
+            weighted_metrics=fresh_metrics(tf_keras, args["weighted_metrics"]),
             steps_per_execution=int(model._steps_per_execution.numpy()) if model._steps_per_execution is not None else 1,
             jit_compile=getattr(model, "_jit_compile", None),
         )

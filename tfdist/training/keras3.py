@@ -22,7 +22,8 @@ import logging
 from typing import Any
 
 from tfdist.errors import ModelError
-from tfdist.training.keras_common import defined_in, merged_history, model_fingerprint, warn_low_precision_outputs
+from tfdist.training.keras_common import (carry_weight_decay_exclusions, defined_in, fresh_metrics, merged_history,
+                                          model_fingerprint, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -146,21 +147,40 @@ def rebuild_in_scope(model, strategy):
     if int(model.optimizer.iterations.numpy()):
         log.warning("model %s was trained before: its copy in the strategy's scope starts with a new optimizer "
                     "(weights are kept, optimizer slots and iteration count are not)", model.name)
-    config = model.get_compile_config()
     try:
         with building_scope(strategy):
-            clone = keras.models.clone_model(model)
+            model.compiled = False  # else clone_model compiles the copy from the config, which needs registered
+            try:                    # functions: it is compiled with the arguments themselves below
+                clone = keras.models.clone_model(model)
+            finally:
+                model.compiled = True
             clone.set_weights(model.get_weights())
-            clone.compile_from_config(config)
+            clone.compile(**_compile_arguments(model))
+            carry_weight_decay_exclusions(model.optimizer, clone.optimizer, model.weights, clone.weights)
     except (TypeError, ValueError, NotImplementedError) as e:
+        subclass = "" if isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False) else (
+            ", or give the subclass a get_config()")
         raise ModelError(
             f"the model {model.name!r} was created outside the strategy's scope and cannot be rebuilt in it "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); received {type(model).__name__}. Fix: pass a "
-            "function that builds and compiles the model (tfdist calls it inside the scope), or give the "
-            "subclass a get_config()."
+            f"({type(e).__name__}: {' '.join(str(e).split())[:400]}); received {type(model).__name__}. Fix: pass a "
+            f"function that builds and compiles the model (tfdist calls it inside the scope){subclass}."
         ) from None
     log.info("model %s was created outside the strategy's scope: rebuilt inside it with its weights", model.name)
     return clone
+
+
+def _compile_arguments(model) -> dict:
+    """What ``model.compile`` was given, for its copy in a strategy's scope: the same losses and
+    metric functions (a function of the user's needs no registration, as it would to be
+    serialized), a new optimizer of the same configuration and new metric objects (their
+    variables belong to the scope they were made in)."""
+    import keras
+
+    arguments = dict(model._compile_config.config)  # Keras 3 keeps compile's arguments to serialize them
+    arguments["optimizer"] = keras.optimizers.deserialize(keras.optimizers.serialize(model.optimizer))
+    for key in ("metrics", "weighted_metrics"):
+        arguments[key] = fresh_metrics(keras, arguments.get(key))
+    return arguments
 
 
 # --- state -----------------------------------------------------------------------------------

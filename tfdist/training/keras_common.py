@@ -1,6 +1,6 @@
 """What the two Keras adapters (``keras3``, ``keras2``) share: which package a model comes from,
 its structural fingerprint, the History of a whole run, the low-precision output warning, a
-cache of the last model's functions."""
+cache of the last model's functions, what an optimizer's copy needs besides its config."""
 
 from __future__ import annotations
 
@@ -74,3 +74,31 @@ def warn_low_precision_outputs(model) -> None:
         if dtype in ("float16", "bfloat16"):
             log.warning("model output %s is %s: compute the last layer in float32 (dtype='float32') so the loss "
                         "stays accurate", getattr(output, "name", "?"), dtype)
+
+
+def carry_weight_decay_exclusions(source, target, source_weights, target_weights) -> None:
+    """Gives ``target``, an optimizer made from ``source``'s config for a copy of its model, what
+    ``source.exclude_from_weight_decay(var_list, var_names)`` was told: the config leaves it out,
+    and the copy would decay what the user excluded. ``*_weights``: the two models' weights, in
+    the same order (a variable of the source maps to the copy's at its position)."""
+    source = getattr(source, "inner_optimizer", source)  # a loss-scale wrapper: the optimizer it wraps
+    target = getattr(target, "inner_optimizer", target)
+    keys = set(getattr(source, "_exclude_from_weight_decay", None) or ())
+    pattern = getattr(source, "_exclude_from_weight_decay_pattern", None)  # Keras 3: the names, as one regex
+    names = [pattern.pattern] if pattern is not None else list(getattr(source, "_exclude_from_weight_decay_names", []))
+    if not keys and not names:
+        return
+    variables = [new for old, new in zip(source_weights, target_weights) if source._var_key(old) in keys]
+    target.exclude_from_weight_decay(var_list=variables or None, var_names=names or None)
+
+
+def fresh_metrics(keras, metrics: Any) -> Any:
+    """``metrics`` as ``compile`` was given them (names, functions, metric objects, in lists or
+    dicts), with a new object of each metric object's config: its variables belong to the scope
+    it was made in, and a model copied into a strategy's scope needs its own there."""
+    import tensorflow as tf
+
+    def fresh(metric):
+        return type(metric).from_config(metric.get_config()) if isinstance(metric, keras.metrics.Metric) else metric
+
+    return tf.nest.map_structure(fresh, metrics)

@@ -152,6 +152,10 @@ def test_defects_are_named_with_the_fix(trained):
     bare = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
     with pytest.raises(ModelError, match="not compiled"):
         tfdist.evaluate(bare, val.x, val.y)
+    with pytest.raises(DataError, match=r"input takes examples of shape \(8, 8, 1\); received examples of shape "
+                                        r"\(64,\)\. Fix: pass data shaped as"):
+        tfdist.predict(history.model, val.x.reshape(len(val.x), 64))
+    assert tfdist.predict(history.model, val.x[..., 0], verbose=0).shape == (len(val.x), 10)  # Keras adds the 1
 
 
 _REPLICAS = textwrap.dedent(

@@ -81,6 +81,8 @@ def _wide(input_shape: Sequence[int], num_classes: int, keras):
 MODELS: dict[str, Callable] = {"cnn": _cnn, "resnet": _resnet, "mlp": _mlp, "linear": _linear, "wide": _wide}
 DECAYING = {"resnet"}
 """Built-in models trained with an exponentially decaying learning rate (x0.9 every 50 steps)."""
+CONVOLUTIONAL = {"cnn", "resnet"}
+"""Built-in models that take images: height x width, or height x width x channels."""
 DEFAULT_MODEL = "cnn"
 # What a built-in model is built for when nothing else is said (tfdist plan): the data set
 # tfdist train uses by default, 8x8 digits in 10 classes.
@@ -133,6 +135,10 @@ def builder(name: str, *, input_shape: Sequence[int], num_classes: int, learning
     if name not in MODELS:
         raise ModelError(f"unknown built-in model; received model={name!r}. Fix: use one of {', '.join(MODELS)}.")
     keras_module(keras)  # refuses an unknown version now
+    if name in CONVOLUTIONAL and len(input_shape) not in (2, 3):
+        raise ModelError(f"the {name} model takes images (height x width, or height x width x channels); received "
+                         f"examples of shape {tuple(input_shape)}. Fix: for vectors of features use model "
+                         f"{' or '.join(sorted(set(MODELS) - CONVOLUTIONAL))} (--model); or pass images.")
 
     def build_and_compile():
         model = build(name, input_shape=input_shape, num_classes=num_classes, keras=keras)

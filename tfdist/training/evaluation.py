@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from tfdist import data as data_mod
 from tfdist import strategy as strategy_mod
 from tfdist.cluster import ClusterSpec, detect
+from tfdist.errors import DataError
 from tfdist.training.keras_common import LastModelCache, keras_of
 from tfdist.training.model import adapter_for
 from tfdist.training.run import verbosity
@@ -102,8 +103,10 @@ class _Inference:
         cluster = detect() if cluster is None else cluster
         sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
                                             per_replica_batch_size=per_replica_batch_size)
+        source = _source(data, model)
+        _check_fits(model, source)
         return cls(strategy=strategy, adapter=adapter, traits=strategy_mod.traits(strategy, cluster),
-                   source=_source(data, model), sizes=sizes, verbose=verbosity(verbose, cluster))
+                   source=source, sizes=sizes, verbose=verbosity(verbose, cluster))
 
     @property
     def on_chief(self) -> bool:
@@ -143,6 +146,30 @@ def _source(data: Any, model):
     source = data_mod.load_to_evaluate(data, model_image_size=image_size_of(model))
     log.info("%s examples of %s", source.num_examples, data)
     return source
+
+
+def _check_fits(model, source) -> None:
+    """Refuses, before TensorFlow fails inside the model, examples whose shape a model with one
+    declared input cannot take (Keras adds or drops a last dimension of 1 itself)."""
+    import numpy as np
+    import tensorflow as tf
+
+    inputs = getattr(model, "inputs", None) or []
+    if len(inputs) != 1 or not source.num_examples:
+        return
+    arrays = tf.nest.flatten(source.sample(1)[0])
+    if len(arrays) != 1:
+        return
+    want, got = tuple(inputs[0].shape)[1:], tuple(np.shape(arrays[0]))[1:]
+    if len(want) == len(got) + 1 and want[-1] == 1:
+        want = want[:-1]
+    elif len(got) == len(want) + 1 and got[-1] == 1:
+        got = got[:-1]
+    if len(want) != len(got) or any(w is not None and w != g for w, g in zip(want, got)):
+        raise DataError(f"the examples do not fit the model: its input takes examples of shape "
+                        f"{tuple(inputs[0].shape)[1:]}; received examples of shape {tuple(np.shape(arrays[0]))[1:]}. "
+                        "Fix: pass data shaped as the data the model was trained on (images: --image-size, "
+                        "image_size=).")
 
 
 def image_size_of(model) -> tuple[int, int] | None:

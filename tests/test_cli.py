@@ -60,7 +60,7 @@ def test_train_class_weight_and_validation_freq_flags_are_parsed_refused_in_one_
     from tfdist.cli.train import _class_weight
 
     assert _class_weight("0=1,3=5.5") == {0: 1.0, 3: 5.5}
-    for bad in ("0:1", "a=1", "0=-1", "-1=2", "0=nan", "0=inf", "0=1,"):
+    for bad in ("0:1", "a=1", "0=-1", "-1=2", "0=nan", "0=inf", "0=1,", "0=1,0=2"):
         with pytest.raises(SystemExit) as info:
             main(["train", f"--class-weight={bad}"])
         assert info.value.code == 2
@@ -76,6 +76,16 @@ def test_train_class_weight_and_validation_freq_flags_are_parsed_refused_in_one_
                  "--validation-freq", "2", "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)]) == 0
     record = json.loads(summary.read_text())
     assert record["final_loss"] == 0.0 and record["val_accuracy"] is None
+
+
+def test_predict_class_names_refuse_a_missing_folder_and_a_class_named_twice(tmp_path):
+    from tfdist.cli.predict import _resolve_class_names
+
+    assert _resolve_class_names("cat, dog") == ("cat", "dog")
+    with pytest.raises(errors.DataError, match=r"--class-names names no folder; received --class-names='.*nope'"):
+        _resolve_class_names(str(tmp_path / "nope"))
+    with pytest.raises(errors.DataError, match="names a class twice; received --class-names='a,b,a'"):
+        _resolve_class_names("a,b,a")
 
 
 def test_train_refuses_before_training_what_it_could_not_write_or_would_write_among_checkpoints(tmp_path, capsys):

@@ -77,11 +77,20 @@ def _resolve_class_names(text: str | None) -> tuple[str, ...] | None:
         return None
     import tensorflow as tf
 
+    from tfdist.errors import DataError
+
     if tf.io.gfile.isdir(text):
         from tfdist.data.images import class_names_of
 
         return class_names_of(text)
-    return tuple(name.strip() for name in text.split(","))
+    if "," not in text and ("/" in text or "\\" in text):
+        raise DataError(f"--class-names names no folder; received --class-names={text!r}. Fix: pass the training "
+                        "images' folder (its class subfolders), or names separated by commas.")
+    names = tuple(name.strip() for name in text.split(","))
+    if len(set(names)) != len(names):
+        raise DataError(f"--class-names names a class twice; received --class-names={text!r}. Fix: name each class "
+                        "once, in the order the model numbers them.")
+    return names
 
 
 def _output_shapes(model) -> list[tuple]:

@@ -16,12 +16,12 @@ def _class_weight(text: str) -> dict[int, float]:
     for part in text.split(","):
         key, sep, value = part.partition("=")
         try:
-            if not sep or int(key) < 0 or not float(value) >= 0 or float(value) == float("inf"):
+            if not sep or int(key) < 0 or not float(value) >= 0 or float(value) == float("inf") or int(key) in weights:
                 raise ValueError
             weights[int(key)] = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected CLASS=WEIGHT pairs separated by commas (class >= 0, weight >= 0), e.g. 0=1,1=5; "
+                f"expected CLASS=WEIGHT pairs separated by commas (class >= 0, each once, weight >= 0), e.g. 0=1,1=5; "
                 f"received {text!r}") from None
     return weights
 

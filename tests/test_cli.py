@@ -78,6 +78,16 @@ def test_train_class_weight_and_validation_freq_flags_are_parsed_refused_in_one_
     assert record["final_loss"] == 0.0 and record["val_accuracy"] is None
 
 
+def test_train_summary_says_when_a_complete_run_went_past_the_epochs_asked_for():
+    from types import SimpleNamespace
+
+    from tfdist.cli.train import _step
+
+    assert _step(SimpleNamespace(global_step=44, epochs=2, steps_per_epoch=44)) == "step 44/88"
+    assert _step(SimpleNamespace(global_step=264, epochs=2, steps_per_epoch=44)) == (
+        "step 264 (a complete run, past the 88 steps of --epochs 2)")
+
+
 def test_predict_class_names_refuse_a_missing_folder_and_a_class_named_twice(tmp_path):
     from tfdist.cli.predict import _resolve_class_names
 

@@ -100,12 +100,19 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run_command)
 
 
+def _step(summary) -> str:
+    total = summary.epochs * summary.steps_per_epoch
+    if summary.global_step <= total:
+        return f"step {summary.global_step}/{total}"
+    return f"step {summary.global_step} (a complete run, past the {total} steps of --epochs {summary.epochs})"
+
+
 def _summary_line(summary) -> str:
     parts = [
         f"strategy {summary.strategy} ({summary.num_replicas} replica(s), {summary.num_workers} worker(s)"
         + (f", all-reduce {summary.all_reduce})" if summary.all_reduce else ")"),
         f"global batch {summary.global_batch_size}",
-        f"step {summary.global_step}/{summary.epochs * summary.steps_per_epoch}",
+        _step(summary),
     ]
     if summary.final_loss is not None:
         parts.append(f"loss {summary.final_loss:.4f}")

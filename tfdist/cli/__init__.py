@@ -25,8 +25,16 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line that names the command's ``--help``, not argparse's usage block
+    first (tfdist train's runs to twenty lines). Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}. Fix: see `{self.prog} --help`.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tfdist",
         description="Distributed Keras training on TensorFlow that never loses work.",
     )

@@ -175,7 +175,7 @@ def test_train_reads_a_folder_of_images_resized_and_rescaled_for_the_built_in_mo
     from tfdist.data import ImageFolderSource
 
     assert _image_size("96x128") == (96, 128) and _image_size("64") == (64, 64)
-    for bad in ("0", "axb", "1x2x3", ""):
+    for bad in ("0", "axb", "1x2x3", "", "100000x100000"):
         with pytest.raises(SystemExit) as info:
             main(["train", f"--image-size={bad}"])
         assert info.value.code == 2

@@ -26,16 +26,20 @@ def positive_float(text: str) -> float:
     return value
 
 
+MAX_IMAGE_SIDE = 8192
+"""The largest side --image-size takes: one 8192x8192 RGB image is 800 MB in float32."""
+
+
 def image_size(text: str) -> tuple[int, int]:
     """``64`` -> ``(64, 64)``; ``96x128`` -> ``(96, 128)`` (height x width)."""
     parts = text.lower().split("x")
     try:
         size = tuple(int(part) for part in parts)
-        if len(size) not in (1, 2) or min(size) < 1:
+        if len(size) not in (1, 2) or min(size) < 1 or max(size) > MAX_IMAGE_SIDE:
             raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH or one side in pixels, e.g. 180x180 or 180; "
-                                         f"received {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH or one side, of 1 to {MAX_IMAGE_SIDE} pixels, e.g. "
+                                         f"180x180 or 180; received {text!r}") from None
     return (size[0], size[-1])
 
 

@@ -292,7 +292,7 @@ def num_classes(train: Any, validation: Any = None) -> int:
             if flat.shape[1] != 1 or not integral or y.min() < 0:
                 raise DataError(
                     f"the labels must be class numbers 0, 1, ... (one integer per example); received y of dtype {y.dtype}, "
-                    f"shape {y.shape}, smallest {y.min()!r}. Fix: save y as non-negative integers, shape (N,)."
+                    f"shape {y.shape}, smallest {y.min().item()!r}. Fix: save y as non-negative integers, shape (N,)."
                 )
         return int(max(int(y.max()) for y in labels)) + 1
     classes = getattr(train, "num_classes", None)

@@ -451,6 +451,13 @@ def test_feature_specs_parse_records_and_name_every_bad_field(tmp_path):
         with pytest.raises(DataError, match="Fix:") as info:
             data.load(str(path), features=str(spec_path))
         assert text in str(info.value), str(info.value)
+    # A spec that is valid but does not fit the records: the spec is named (a CLI user wrote no parse_fn).
+    raw = {"key": "raw", "dtype": "string", "decode": "raw:uint8", "shape": [4, 4, 1], "scale": 255}
+    spec_path.write_text(json.dumps(dict(base, x=raw, y={"key": "nolabel", "dtype": "int64"})))
+    train, _ = data.load(str(path), features=str(spec_path))
+    with pytest.raises(DataError, match=r"do not fit the feature spec \(InvalidArgumentError: .*Feature: nolabel .*\); "
+                                        r"received --features '.*spec\.json'\. Fix: give each feature"):
+        train.sample(2)
     spec_path.write_text("{not json")
     with pytest.raises(DataError, match="not valid JSON"):
         data.load(str(path), features=str(spec_path))

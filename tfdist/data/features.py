@@ -102,8 +102,9 @@ def check_spec(spec: Any, *, where: str = "") -> dict:
     return spec
 
 
-def parse_fn_from_spec(spec: dict) -> Callable:
-    """``parse_fn(serialized) -> (x, y)`` for a checked spec: x as float32 (when scaled or decoded), y as stored."""
+def parse_fn_from_spec(spec: dict, *, where: str = "") -> Callable:
+    """``parse_fn(serialized) -> (x, y)`` for a checked spec: x as float32 (when scaled or decoded), y as stored.
+    ``where``: the spec's file, named when the records do not fit it (the function's ``spec_file``)."""
     import tensorflow as tf
 
     xs, ys = spec["x"], spec["y"]
@@ -140,4 +141,5 @@ def parse_fn_from_spec(spec: dict) -> Callable:
             x = tf.cast(x, tf.float32) / float(xs.get("scale") or 1)
         return x, parsed[ys["key"]]
 
+    parse.spec_file = where
     return parse

@@ -110,6 +110,15 @@ def _positive_or_none(name: str, value) -> None:
         _checks.check_int(name, value, error=DataError, fix="use a positive integer (or leave it out).")
 
 
+def _tensorflow_reason(error: BaseException) -> str:
+    """The part of a TensorFlow error that names the problem, without the function-node prefix
+    and the op suffix that come before and after it."""
+    import re
+
+    text = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "", " ".join(str(error).split()))
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
 class TFRecordSource:
     """Examples in TFRecord files, read in blocks by per-replica streams; see the module docstring.
 
@@ -257,8 +266,15 @@ class TFRecordSource:
         except DataError:
             raise
         except (tf.errors.OpError, ValueError, TypeError, KeyError) as e:
+            reason = f"{type(e).__name__}: {_tensorflow_reason(e)}"
+            spec_file = getattr(self.parse_fn, "spec_file", None)
+            if spec_file:  # tfdist train --features: the user wrote a spec, not a parse_fn
+                raise DataError(
+                    f"the records of {self.name!r} do not fit the feature spec ({reason}); received --features "
+                    f"{spec_file!r}. Fix: give each feature's key, dtype and shape as the records hold them."
+                ) from None
             raise DataError(
-                f"`parse_fn` failed on the first records of {self.name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]}). "
+                f"`parse_fn` failed on the first records of {self.name!r} ({reason}). "
                 "Fix: parse_fn receives a 1-D string tensor of serialized records; parse it with tf.io.parse_example."
             ) from None
         for label, value in zip(("x", "y", "sample_weight"), element):

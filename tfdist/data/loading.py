@@ -111,7 +111,7 @@ def load_files(pattern: str | list[str], features: str, *, validation: str | lis
         parse, classes = tfds_mod.parse_fn(b, name), tfds_mod.num_classes(b, name)
     else:
         spec = features_mod.check_spec(features_mod.read_spec(features), where=features)
-        parse, classes = features_mod.parse_fn_from_spec(spec), spec.get("num_classes")
+        parse, classes = features_mod.parse_fn_from_spec(spec, where=features), spec.get("num_classes")
     train = TFRecordSource(pattern, parse, cache_dir=cache_dir, num_classes=classes)
     val = TFRecordSource(validation, parse, cache_dir=cache_dir, num_classes=classes) if validation else None
     return train, val

@@ -380,6 +380,10 @@ def test_a_lost_or_damaged_state_file_resumes_from_the_checkpoints_beside_it_and
 
     _fit(tmp_path, epochs=1)  # 15 steps; keeps 9, 12 and 15
     (tmp_path / "checkpoint").unlink()  # deleted (or never copied with the rest)
+    from tfdist.checkpoint import inspect
+
+    found = inspect.list_checkpoints(str(tmp_path))
+    assert len(found) == 3 and all("resumes from the newest of these" in info.problem for info in found)
     before = _tree_digest(tmp_path)
     with pytest.raises(CheckpointMismatchError, match="global_batch_size: checkpoint 20, this run 30"):
         _fit(tmp_path, epochs=2, batch_size=30)

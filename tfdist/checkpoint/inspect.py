@@ -200,6 +200,9 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
                 problem = "temporary files of a save that is still in flight or was interrupted"
             elif not storage.exists(layout.index_path(prefix)) or not any(layout.is_data_file(f) for f in files):
                 problem = "not named in the state file, and " + (_missing_files(prefix) or "incomplete")
+            elif not listed and storage.exists(layout.metadata_path(prefix)):
+                problem = (f"no readable state file `{layout.STATE_FILE}` names it: a run started here resumes from "
+                           "the newest of these")
             else:
                 problem = "not named in the state file (a save being committed, or one the manager stopped tracking)"
         info = _info(prefix, listed=False, problem=problem, files=files)

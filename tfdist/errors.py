@@ -8,6 +8,7 @@ same way, so the launcher does not restart it -- unless the class says otherwise
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from tfdist.env import EXIT_FAILED, EXIT_PEER_LOST, EXIT_USAGE
@@ -78,9 +79,14 @@ class LaunchError(TfdistError, RuntimeError):
     """A local cluster could not be launched."""
 
 
+_TENSORFLOW_NOISE = re.compile(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]")
+"""What TensorFlow puts before and after what names the problem: ``{{function_node ...}}``, ``[Op:...]``."""
+
+
 def describe(error: BaseException, limit: int = 200) -> str:
-    """``Type: first line of the message`` of an exception, for a one-line error (never empty)."""
-    lines = str(error).strip().splitlines()
+    """``Type: first line of the message`` of an exception, for a one-line error (never empty),
+    without TensorFlow's function-node prefix and op suffix, which would take the room of the reason."""
+    lines = _TENSORFLOW_NOISE.sub("", str(error)).strip().splitlines()
     return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__
 
 

@@ -425,8 +425,9 @@ class Checkpointer:
         import tensorflow as tf
 
         self.sync()
-        paths = layout.checkpoint_paths(self.options.directory) if self.options.resume else []
-        if paths and not layout.checkpoint_paths(self.options.directory, listed_only=True):
+        listed = layout.checkpoint_paths(self.options.directory, listed_only=True) if self.options.resume else []
+        paths = listed or (layout.found_checkpoints(self.options.directory) if self.options.resume else [])
+        if paths and not listed:
             log.warning("%s has no readable state file `checkpoint`: resuming from the checkpoints found beside it "
                         "(newest %s)", self.options.directory, storage.basename(paths[-1]))
         if paths:  # the newest checkpoint decides which run the directory belongs to

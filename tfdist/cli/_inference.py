@@ -47,8 +47,12 @@ def load(args: argparse.Namespace, *, outputs: dict[str, str | None]) -> tuple[A
     _quiet.import_tensorflow()
     storage.check_supported(args.model, what="MODEL")
     for flag, path in outputs.items():
-        if path:  # the chief writes them: it checks they can be written, before any work
-            storage.check_output_file(path, what=flag) if cluster.is_chief else storage.check_supported(path, what=flag)
+        if not path:
+            continue
+        if cluster.is_chief:  # the chief writes them: it checks they can be written, before any work
+            storage.check_output_file(path, what=flag)
+        else:
+            storage.check_supported(path, what=flag)
     from tfdist import strategy as strategy_mod
     from tfdist.startup import serve
 

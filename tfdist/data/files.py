@@ -44,7 +44,7 @@ import numpy as np
 from tfdist import _checks
 from tfdist.data import order as order_mod
 from tfdist.data import records as records_mod
-from tfdist.errors import BatchSizeError, DataError
+from tfdist.errors import BatchSizeError, DataError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
@@ -108,15 +108,6 @@ class Layout:
 def _positive_or_none(name: str, value) -> None:
     if value is not None:
         _checks.check_int(name, value, error=DataError, fix="use a positive integer (or leave it out).")
-
-
-def _tensorflow_reason(error: BaseException) -> str:
-    """The part of a TensorFlow error that names the problem, without the function-node prefix
-    and the op suffix that come before and after it."""
-    import re
-
-    text = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]", "", " ".join(str(error).split()))
-    return text[:300] + ("..." if len(text) > 300 else "")
 
 
 class TFRecordSource:
@@ -266,7 +257,7 @@ class TFRecordSource:
         except DataError:
             raise
         except (tf.errors.OpError, ValueError, TypeError, KeyError) as e:
-            reason = f"{type(e).__name__}: {_tensorflow_reason(e)}"
+            reason = describe(e, limit=300)
             spec_file = getattr(self.parse_fn, "spec_file", None)
             if spec_file:  # tfdist train --features: the user wrote a spec, not a parse_fn
                 raise DataError(

@@ -160,14 +160,15 @@ def _check_fits(model, source) -> None:
     arrays = tf.nest.flatten(source.sample(1)[0])
     if len(arrays) != 1:
         return
-    want, got = tuple(inputs[0].shape)[1:], tuple(np.shape(arrays[0]))[1:]
+    declared, given = tuple(inputs[0].shape)[1:], tuple(np.shape(arrays[0]))[1:]
+    want, got = declared, given
     if len(want) == len(got) + 1 and want[-1] == 1:
         want = want[:-1]
     elif len(got) == len(want) + 1 and got[-1] == 1:
         got = got[:-1]
     if len(want) != len(got) or any(w is not None and w != g for w, g in zip(want, got)):
-        raise DataError(f"the examples do not fit the model: its input takes examples of shape "
-                        f"{tuple(inputs[0].shape)[1:]}; received examples of shape {tuple(np.shape(arrays[0]))[1:]}. "
+        raise DataError(f"the examples do not fit the model: its input takes examples of shape {declared}; "
+                        f"received examples of shape {given}. "
                         "Fix: pass data shaped as the data the model was trained on (images: --image-size, "
                         "image_size=).")
 

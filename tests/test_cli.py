@@ -53,6 +53,21 @@ def test_exit_codes_tell_bad_input_from_failures():
     assert errors.describe(ValueError("first\nsecond")) == "ValueError: first"
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["--bogus"], "unrecognized arguments: --bogus."),
+    (["--bogus", "-x=1"], "unrecognized arguments: --bogus -x=1."),
+    (["--bogus", "train"], "unrecognized arguments: --bogus."),
+    ([], "the following arguments are required: COMMAND."),
+])
+def test_a_usage_error_names_the_mistyped_option_with_or_without_a_command(argv, named, capsys):
+    from tfdist.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"tfdist: error: {named} Fix: see `tfdist --help`.\n"
+
+
 def test_train_class_weight_and_validation_freq_flags_are_parsed_refused_in_one_line_and_used(tmp_path, capsys):
     import json
 

@@ -73,11 +73,24 @@ def setup_logging(verbose: bool = True) -> None:
     logger.propagate = False
 
 
+def _refuse_unknown_options_without_command(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """``tfdist --bogus`` names ``--bogus``: argparse reports the missing COMMAND first, which
+    hides the mistyped option (with a command, argparse names it itself)."""
+    if any(arg in COMMANDS for arg in argv):
+        return
+    known = parser._option_string_actions  # noqa: SLF001 -- argparse's table of the options it takes
+    unknown = [arg for arg in argv if arg.startswith("-") and arg.split("=")[0] not in known]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tfdist.cli import _quiet
     from tfdist.errors import PeerUnavailableError, TfdistError
 
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _refuse_unknown_options_without_command(parser, argv)
     args = parser.parse_args(argv)
     setup_logging()
     _quiet.set_verbose(args.show_tensorflow_logs)

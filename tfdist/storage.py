@@ -268,6 +268,18 @@ def check_output_file(path: str, *, what: str) -> None:
                            f"{what}={path!r}. Fix: name a file in a folder you can write to.")
 
 
+def check_output_files(outputs: dict[str, str | None], *, writer: bool) -> None:
+    """``check_output_file`` for each ``{flag: path}`` given, on the task that writes them
+    (``writer``); the others check only that the storage is supported."""
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        if writer:
+            check_output_file(path, what=flag)
+        else:
+            check_supported(path, what=flag)
+
+
 def _write_probe(directory: str) -> str | None:
     """Why ``directory`` cannot be made or written to (after trying), or None."""
     probe = join(directory, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex[:8]}")

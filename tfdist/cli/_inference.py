@@ -46,13 +46,7 @@ def load(args: argparse.Namespace, *, outputs: dict[str, str | None]) -> tuple[A
     export.check_name(args.model, what="MODEL", reading=True)
     _quiet.import_tensorflow()
     storage.check_supported(args.model, what="MODEL")
-    for flag, path in outputs.items():
-        if not path:
-            continue
-        if cluster.is_chief:  # the chief writes them: it checks they can be written, before any work
-            storage.check_output_file(path, what=flag)
-        else:
-            storage.check_supported(path, what=flag)
+    storage.check_output_files(outputs, writer=cluster.is_chief)  # the chief writes them, before any work
     from tfdist import strategy as strategy_mod
     from tfdist.startup import serve
 

@@ -131,13 +131,11 @@ def _check_outputs(cluster, outputs: dict[str, str | None], checkpoint_dir: str)
     from tfdist.errors import StorageError
 
     for flag, path in outputs.items():
-        if path is None:
-            continue
-        if storage.dirname(storage.absolute(path)).rstrip("/") == storage.absolute(checkpoint_dir).rstrip("/"):
+        if path is not None and (storage.dirname(storage.absolute(path)).rstrip("/")
+                                 == storage.absolute(checkpoint_dir).rstrip("/")):
             raise StorageError(f"{flag} would be written among the run's checkpoints; received {flag}={path!r} in "
                                f"{checkpoint_dir!r}. Fix: name a file outside the checkpoint directory.")
-        if cluster.is_chief:
-            storage.check_output_file(path, what=flag)
+    storage.check_output_files(outputs, writer=cluster.is_chief)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -378,7 +378,8 @@ def check_same_classes(train: Any, validation: Any) -> None:
         raise DataError(
             f"the validation images' classes are not the training images'; received {list(validation.class_names)} in "
             f"{validation.directory!r} for {list(train.class_names)} in {train.directory!r}. Fix: give the validation "
-            f"folder the same class subfolders, or pass class_names={list(train.class_names)!r} to both sources."
+            f"folder the same class subfolders, or (from Python) pass class_names={list(train.class_names)!r} to both "
+            "ImageFolderSources."
         )
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tfdist import data
-from tfdist.data.order import epoch_permutation
+from tfdist.data.order import ORDER_VERSION, epoch_permutation
 from tfdist.errors import BatchSizeError, DataError
 
 
@@ -164,6 +164,52 @@ def test_stream_source_resumes_by_skipping_and_matches_the_full_order():
     assert len(full) == 14 and full[:7] != full[7:]
     for start in (3, 7, 9):
         assert _labels(data.dataset_fn(stream, plan, start_step=start, stop_step=plan.total_steps)(None)) == full[start:]
+
+
+@pytest.mark.parametrize("length", [None, 30])  # endless; 30 examples, read on over two passes
+def test_a_stream_with_steps_per_epoch_reads_on_across_epochs_as_keras_and_resumes_at_any_step(length):
+    import tensorflow as tf
+
+    stream = tf.data.Dataset.range(10**9 if length is None else length)
+    source = data.StreamSource(stream.map(lambda i: (tf.cast(tf.fill([2], i), tf.float32), i)))
+    sizes = data.BatchSizes.resolve(num_replicas=1, batch_size=4)
+    order = None
+    for shuffle in (False, True):
+        plan = data.make_plan(source, sizes, steps_per_epoch=5, epochs=3, seed=3, shuffle=shuffle)
+        assert plan.continuous and plan.order_record()["stream"] == "continuous"
+        full = _labels(data.dataset_fn(source, plan, start_step=0, stop_step=plan.total_steps)(None))
+        flat = sum(full, [])
+        assert len(full) == 15
+        if not shuffle:  # step s holds elements [4s, 4s + 4) of the passes one after another, as Keras reads them
+            order = list(range(60)) if length is None else list(range(30)) * 2
+            assert flat == order
+        else:  # each pass shuffled with its own seed; an endless stream never repeats an element
+            assert flat != order
+            passes = [flat] if length is None else [flat[:30], flat[30:]]
+            assert all(sorted(p) == sorted(set(p)) for p in passes)
+            if length is not None:
+                assert sorted(passes[0]) == sorted(passes[1]) == list(range(30)) and passes[0] != passes[1]
+        for start in (3, 7, 11):  # resumed mid-epoch, in the second pass
+            assert _labels(data.dataset_fn(source, plan, start_step=start, stop_step=plan.total_steps)(None)) \
+                == full[start:]
+        ps = data.dataset_fn(source, plan, start_step=2, parameter_server=True)  # worker w: steps 2 + w, + 2, ...
+        assert [_labels(ps(_Context(2, w)).take(4)) for w in (0, 1)] == [full[2:10:2], full[3:11:2]]
+    # A run recorded before streams were read on (no "stream" in its order) resumes as it began: an epoch per pass.
+    plan = data.make_plan(source, sizes, steps_per_epoch=5, epochs=3, seed=3, shuffle=False,
+                          recorded_order={"order": ORDER_VERSION, "shuffle": False})
+    assert not plan.continuous and "stream" not in plan.order_record()
+    assert sum(_labels(data.dataset_fn(source, plan, start_step=0, stop_step=10)(None)), []) == list(range(20)) * 2
+
+
+def test_a_dataset_that_yields_other_elements_on_each_pass_is_refused_for_checkpoints_with_the_fix():
+    import tensorflow as tf
+
+    examples = tf.data.Dataset.from_tensor_slices((np.arange(200, dtype=np.float32)[:, None], np.arange(200)))
+    with pytest.raises(DataError, match=r"yields other elements on each pass .* first 64 elements differ between two "
+                                        r"passes\. Fix: leave shuffling to tfdist"):
+        data.StreamSource(examples.shuffle(200, seed=5)).fingerprint()  # reshuffle_each_iteration=True by default
+    assert data.StreamSource(examples.shuffle(200, seed=5, reshuffle_each_iteration=False)).fingerprint() \
+        != data.StreamSource(examples).fingerprint()
 
 
 def test_invalid_data_is_refused_with_the_fix():

@@ -283,9 +283,14 @@ class RunMetadata:
             if saved.raw.get(key) == mine[key]:
                 continue
             theirs, ours = repr(saved.raw.get(key)), repr(mine[key])
+            hint = ""
             if key == "data_fingerprint" and saved.raw.get("data_summary") and self.data_summary:
                 theirs, ours = f"{theirs} ({saved.raw['data_summary']})", f"{ours} ({self.data_summary})"
-            lines.append(f"{key}: checkpoint {theirs}, this run {ours}")
+                if saved.raw["data_summary"] == self.data_summary:
+                    hint = (" -- the same description, other first examples: the data changed, or it comes in "
+                            "another order in each process (a tf.data.Dataset's unseeded shuffle(), files listed "
+                            "unsorted), which no run can resume exactly: seed the shuffle, or leave it to tfdist")
+            lines.append(f"{key}: checkpoint {theirs}, this run {ours}{hint}")
         return lines
 
     def to_json(self) -> dict[str, Any]:

@@ -31,7 +31,9 @@ class DataPlan:
 
     ``layout`` is the source's own arrangement of the data (``None`` for in-memory arrays
     and streams; a ``files.Layout`` for file sources); ``order_record()`` is what a checkpoint
-    records so that a resume rebuilds the same order.
+    records so that a resume rebuilds the same order. ``continuous`` (a stream with
+    ``steps_per_epoch`` given): epochs read the stream on where the last one stopped, as Keras
+    reads it, instead of each epoch being one pass from its start.
     """
 
     sizes: BatchSizes
@@ -40,6 +42,7 @@ class DataPlan:
     seed: int
     shuffle: bool = True
     layout: Any = None
+    continuous: bool = False
 
     @property
     def total_steps(self) -> int:
@@ -51,6 +54,8 @@ class DataPlan:
         order = {"order": ORDER_VERSION, "shuffle": self.shuffle}
         if self.layout is not None:
             order.update(self.layout.as_dict())
+        if self.continuous:  # absent otherwise: the records of runs before it existed stay equal
+            order["stream"] = "continuous"
         return order
 
 

@@ -123,7 +123,11 @@ def make_plan(
             log.info("%d example(s) per epoch do not fill a global batch%s and are left out of that epoch "
                      "(a different set each epoch when shuffling)", source.num_examples - used,
                      f" (per stream: {layout.streams} streams)" if layout is not None else "")
-    return DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=epochs, seed=seed, shuffle=shuffle, layout=layout)
+    # A stream with steps_per_epoch is read on from epoch to epoch; a resume keeps what its run did.
+    continuous = isinstance(source, StreamSource) and (
+        recorded_order.get("stream") == "continuous" if recorded_order is not None else steps_per_epoch is not None)
+    return DataPlan(sizes=sizes, steps_per_epoch=spe, epochs=epochs, seed=seed, shuffle=shuffle, layout=layout,
+                    continuous=continuous)
 
 
 def dataset_fn(
@@ -253,36 +257,45 @@ def _array_dataset_fn(source: Source, plan: DataPlan, *, start_step, stop_step, 
 
 
 def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
+    """Each epoch one pass of the stream from its start (shuffled with the epoch's seed), or, with
+    ``plan.continuous``, the passes one after another, each step taking the next global batch."""
     import tensorflow as tf
 
     spe, sizes = plan.steps_per_epoch, plan.sizes
     stop = None if parameter_server else stop_step
     last_epoch = (stop - 1) // spe if stop is not None else None
+    seed = plan.seed * 1_000_003
 
     def make(input_context=None):
         offset, length, local_replicas, step_stride, step_offset = _input_part(sizes, input_context, parameter_server)
         per_replica = sizes.per_replica_batch_size
         first_step = start_step + step_offset
-        first_epoch = first_step // spe
         stream = source.dataset
 
-        def cut(t):
-            return tf.reshape(t[offset:offset + length], tf.concat([[local_replicas, per_replica], tf.shape(t)[1:]], 0))
+        def cut(*element):
+            return tf.nest.map_structure(lambda t: tf.reshape(
+                t[offset:offset + length], tf.concat([[local_replicas, per_replica], tf.shape(t)[1:]], 0)), element)
 
-        def epoch_dataset(epoch: int):  # a Python int: shuffle seeds must be Python values
-            shuffled = stream
-            if plan.shuffle:
-                shuffled = stream.shuffle(source.shuffle_buffer, seed=plan.seed * 1_000_003 + epoch,
-                                          reshuffle_each_iteration=False)
-            batches = shuffled.repeat().batch(sizes.global_batch_size, drop_remainder=True).take(spe)
+        def one_pass(number):  # a Python int (epoch) or an int64 tensor (pass)
+            if not plan.shuffle:
+                return stream
+            return stream.shuffle(source.shuffle_buffer, seed=seed + number, reshuffle_each_iteration=False)
+
+        if plan.continuous:
+            return _read_on(one_pass, source.num_examples, sizes.global_batch_size, first_step=first_step,
+                            stop_step=stop, stride=step_stride).map(cut).unbatch()
+
+        def epoch_dataset(epoch: int):
+            batches = one_pass(epoch).repeat().batch(sizes.global_batch_size, drop_remainder=True).take(spe)
             begin = max(first_step, epoch * spe)
             begin += (first_step - begin) % step_stride
             end = (epoch + 1) * spe if stop is None else min((epoch + 1) * spe, stop)
             batches = batches.skip(begin - epoch * spe)  # O(position): the documented cost of a stream
             batches = batches.take(max(0, end - begin)).shard(step_stride, 0)
-            return batches.map(lambda *element: tf.nest.map_structure(cut, element)).unbatch()
+            return batches.map(cut).unbatch()
 
         # Parameter servers run on past the end: cycle through the run's epochs again.
+        first_epoch = first_step // spe
         final = last_epoch if last_epoch is not None else first_epoch + plan.epochs - 1
         ds = epoch_dataset(first_epoch)
         for epoch in range(first_epoch + 1, final + 1):
@@ -292,6 +305,23 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
         return ds
 
     return make
+
+
+def _read_on(one_pass, num_examples: int | None, global_batch: int, *, first_step: int, stop_step: int | None,
+             stride: int) -> "tf.data.Dataset":
+    """The global batches of steps ``first_step``, ``+ stride``, ... (to ``stop_step``) of the
+    stream's passes read one after another: step ``s`` holds elements ``[s x G, (s + 1) x G)``.
+    A stream of known length starts at the pass that holds the first step's elements and skips
+    to them; another one skips from its start (O(position): the documented cost of a stream)."""
+    import tensorflow as tf
+
+    before = first_step * global_batch
+    first_pass = before // num_examples if num_examples else 0
+    passes = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass)
+    batches = passes.skip(before - first_pass * (num_examples or 0)).batch(global_batch, drop_remainder=True)
+    if stop_step is not None:
+        batches = batches.take(max(0, stop_step - first_step))
+    return batches.shard(stride, 0)
 
 
 # --- validation ----------------------------------------------------------------------------------

@@ -21,9 +21,11 @@ FINGERPRINT_ELEMENTS = 64
 
 COSTS = (
     "data is a tf.data.Dataset, which tfdist can only read in order: every worker reads and decodes the whole "
-    "stream (input work does not shrink with more workers), resuming mid-epoch replays the epoch up to the "
-    "position (time grows with the step), a dataset of unknown length is counted with a full pass, and it must "
-    "yield the same elements in the same order on every pass. Fix: write the data as TFRecord files and pass "
+    "stream (input work does not shrink with more workers), resuming replays the stream up to the position (from the "
+    "epoch's start; with steps_per_epoch, which reads the stream on across epochs as Keras does, from the pass's "
+    "start, or the run's for a stream of unknown length), a dataset of unknown length without steps_per_epoch is "
+    "counted with a full pass, and it must yield the same elements in the same order on every pass and in every "
+    "process. Fix: write the data as TFRecord files and pass "
     "tfdist.TFRecordSource(files, parse_fn) (each worker reads 1/W of the bytes, resume in constant time)"
 )
 
@@ -67,15 +69,31 @@ class StreamSource:
         return tf.nest.map_structure(lambda s: tuple(s.shape), self.dataset.element_spec[0])
 
     def fingerprint(self) -> str:
-        """Element spec, length and the first ``FINGERPRINT_ELEMENTS`` elements (a full hash would be a full pass)."""
+        """Element spec, length and the first ``FINGERPRINT_ELEMENTS`` elements (a full hash would be
+        a full pass). Read twice: a dataset whose passes differ is refused, since a resumed run
+        could not read what the interrupted one would have read."""
+        if self._fingerprint is None:
+            first, second = self._first_elements_hash(), self._first_elements_hash()
+            if first != second:
+                raise DataError(
+                    "the dataset yields other elements on each pass (a shuffle() reshuffles on each pass unless "
+                    "reshuffle_each_iteration=False, and random augmentation draws anew), so a resumed run could not "
+                    f"read the batches the interrupted one would have; received a tf.data.Dataset whose first "
+                    f"{FINGERPRINT_ELEMENTS} elements differ between two passes. Fix: leave shuffling to tfdist "
+                    "(fit(..., shuffle=True, seed=...)) or pass shuffle(..., seed=S, reshuffle_each_iteration=False), "
+                    "augment with stateless random ops (tf.random.stateless_*, keyed by the example), or train "
+                    "without checkpoint_dir."
+                )
+            self._fingerprint = first
+        return self._fingerprint
+
+    def _first_elements_hash(self) -> str:
         import tensorflow as tf
 
-        if self._fingerprint is None:
-            digest = hashlib.sha256(repr(self.dataset.element_spec).encode() + repr(self._num_examples).encode())
-            for element in self.dataset.take(FINGERPRINT_ELEMENTS).as_numpy_iterator():
-                digest.update(hash_arrays(*[np.asarray(a) for a in tf.nest.flatten(element)]).encode())
-            self._fingerprint = digest.hexdigest()[:16]
-        return self._fingerprint
+        digest = hashlib.sha256(repr(self.dataset.element_spec).encode() + repr(self._num_examples).encode())
+        for element in self.dataset.take(FINGERPRINT_ELEMENTS).as_numpy_iterator():
+            digest.update(hash_arrays(*[np.asarray(a) for a in tf.nest.flatten(element)]).encode())
+        return digest.hexdigest()[:16]
 
     def count_batches(self, global_batch: int) -> int:
         if self._infinite:

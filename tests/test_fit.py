@@ -61,6 +61,15 @@ def test_x_and_y_passed_as_to_keras_fit_train_as_the_pair():
         tfdist.fit(_linear_sgd, "digits", y, **options)
 
 
+def test_a_label_the_model_has_no_class_for_is_bad_data_named_with_the_fix():
+    x, y = load_digits()[0].sample(64)
+    y = y.copy()
+    y[40] = 10  # classes 1 to 10 for a model of 10 outputs
+    with pytest.raises(DataError, match=r"a label is not one of the model's classes 0 to 9; received label 10 in "
+                                        r"'arrays'\. Fix: number the classes from 0"):
+        tfdist.fit(_linear_sgd, x, y, epochs=1, batch_size=32, strategy="one_device", seed=0, verbose=0)
+
+
 def test_a_compiled_model_created_outside_the_scope_is_rebuilt_with_its_weights(caplog):
     model = _linear_sgd()
     before = [w.copy() for w in model.get_weights()]

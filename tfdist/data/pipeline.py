@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from tfdist import _checks
@@ -16,7 +17,7 @@ from tfdist.data.images import ImageFolderSource
 from tfdist.data.order import DataPlan
 from tfdist.data.pydataset import PyDatasetSource
 from tfdist.data.stream import COSTS, StreamSource
-from tfdist.errors import BatchSizeError
+from tfdist.errors import BatchSizeError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
@@ -433,4 +434,20 @@ def read_failure(error: BaseException, *sources: Any) -> BaseException | None:
         failure = failure_of(error) if failure_of is not None else None
         if failure is not None:
             return failure
-    return None
+    return _label_out_of_range(error, [source for source in sources if source is not None])
+
+
+# TensorFlow's sparse cross-entropy on a label it has no class for (CPU; a GPU gives NaN instead).
+_LABEL_RANGE = re.compile(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)")
+
+
+def _label_out_of_range(error: BaseException, sources: list) -> DataError | None:
+    """Bad data, not a failure a restart could fix: a label outside the model's classes."""
+    found = _LABEL_RANGE.search(str(error))
+    if found is None:
+        return None
+    label, classes = int(found.group(1)), int(found.group(2))
+    names = " or ".join(repr(getattr(source, "name", type(source).__name__)) for source in sources) or "the data"
+    return DataError(f"a label is not one of the model's classes 0 to {classes - 1}; received label {label} in {names}. "
+                     f"Fix: number the classes from 0 (labels 1 to {classes}: subtract 1), or give the model one output "
+                     "per class of the data.")

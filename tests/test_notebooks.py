@@ -96,6 +96,7 @@ def test_resume(kernel_path, tmp_path, monkeypatch):
     assert result["global_step"] > result["start_step"]
     assert result["variables_compared"] > 10
     assert result["bit_identical"] is True
+    assert result["epoch_logs_same"] is True  # the per-epoch lines it prints say "same", as the tensors are
     assert_nothing_written(tmp_path)
 
 

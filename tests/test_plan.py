@@ -154,11 +154,12 @@ def test_human_units():
     assert parse_duration("1h30m") == 5400 and parse_duration("250ms") == 0.25 and parse_duration("2") == 2
     assert parse_count("60k") == 60_000 and parse_count("1.2M") == 1_200_000 and parse_count("7B") == 7 * 10**9
     assert parse_count("1_000") == 1000 and parse_count("1e6") == 10**6
+    assert parse_count("1e18") == 10**18 and parse_count("1.000000000000000001e18") == 10**18 + 1  # exact, not float's
     for bad in ("10GB/s", "ten", "5 parsecs"):
         with pytest.raises(PlanError, match="Invalid `size`"):
             parse_bytes(bad, name="size")
-    for bad in ("1.5", "lots", "2.5k3"):
-        with pytest.raises(PlanError, match="Invalid `n`"):
+    for bad in ("1.5", "lots", "2.5k3", "1e19", "1e99999999"):
+        with pytest.raises(PlanError, match="Invalid `n`.*whole number up to 1e18"):
             parse_count(bad, name="n")
     with pytest.raises(PlanError, match="Invalid `t`"):
         parse_duration("5 weeks", name="t")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import decimal
 import re
 
 from tfdist import _checks
@@ -10,7 +10,7 @@ from tfdist.errors import PlanError
 
 _SI = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
 _IEC = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
-_COUNT_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _SECONDS = {"ms": 1e-3, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?"
 
@@ -52,19 +52,26 @@ def parse_duration(text: str | float, *, name: str = "value") -> float:
     return sum(_number(m, e) * _SECONDS[u or "s"] for m, e, u in parts)
 
 
+MAX_COUNT_TEXT = "1e18"
+MAX_COUNT = float(MAX_COUNT_TEXT)
+"""Counts above are refused: no run has that many samples, parameters or steps."""
+
+
 def parse_count(text: str | int, *, name: str = "value") -> int:
     """A whole number from ``1000``, ``1_000``, ``1e6``, ``60k``, ``1.2M`` or ``7B`` (billions)."""
     if _checks.is_int(text):
         return int(text)
     match = re.fullmatch("(-?)" + _NUMBER + r"([kmbgt]?)", str(text).strip().lower().replace("_", "").replace(",", ""))
-    value = math.nan
-    if match:
-        value = (-1 if match.group(1) else 1) * _number(match.group(2), match.group(3)) * _COUNT_SUFFIX[match.group(4)]
-    if not math.isfinite(value) or value != round(value):
+    value = None
+    # Exactly, in decimal (1e30 is not float's 1000000000000000019884624838656), within a sane range.
+    if match and abs(_number(match.group(2), match.group(3)) * _COUNT_SUFFIX[match.group(4)]) <= MAX_COUNT:
+        value = decimal.Decimal(f"{match.group(1)}{match.group(2)}e{match.group(3) or 0}") * _COUNT_SUFFIX[match.group(4)]
+    if value is None or value != value.to_integral_value():
         raise PlanError(
-            f"Invalid `{name}`; received {name}={text!r}. Fix: use a whole number such as 1000, 60k or 1.2M."
+            f"Invalid `{name}`; received {name}={text!r}. Fix: use a whole number up to {MAX_COUNT_TEXT} such as "
+            "1000, 60k or 1.2M."
         )
-    return int(round(value))
+    return int(value)
 
 
 def format_bytes(value: float | None) -> str:

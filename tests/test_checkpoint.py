@@ -701,6 +701,14 @@ def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_loca
     assert any(".replaced-" in n for n in tf.io.gfile.listdir(directory))
     # Nothing local: no folder named "ram:", no file in the working directory.
     assert os.listdir(workdir) == []
+    # Each process has its own ram://: a job of several tasks is refused before anything starts.
+    from tfdist.cluster import parse_tf_config
+    from tfdist.errors import StorageError
+
+    two = parse_tf_config({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})
+    with pytest.raises(StorageError, match=r"checkpoint_dir is in one process's memory \(ram://\), which each of the "
+                                           r"job's 2 tasks holds apart"):
+        _fit(directory, cluster=two)
 
 
 def _leave_interrupted_writes(directory, *, age: float) -> dict:

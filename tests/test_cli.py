@@ -123,10 +123,13 @@ def test_train_refuses_before_training_what_it_could_not_write_or_would_write_am
         (["--summary-json", str(tmp_path)], "--summary-json names a directory, not a file"),
         (["--summary-json", str(run / "checkpoints" / "checkpoint")], "would be written among the run's checkpoints"),
         (["--learning-rate", "nan"], "expected a positive, finite number, received 'nan'"),
+        (["--summary-json", "ram://run/summary.json"], "--summary-json is in this process's memory (ram://), which "
+                                                       "is gone when the command exits"),
+        (["--checkpoint-dir", "ram://run/checkpoints"], "--checkpoint-dir is in this process's memory (ram://)"),
     ]
     np.savez(tmp_path / "features.npz", x=np.zeros((40, 5), np.float32), y=np.zeros(40, np.int64))
     cases.append((["--data", str(tmp_path / "features.npz")], "the cnn model takes images (height x width"))
-    for extra, expected in cases:
+    for extra, expected in [*cases, (["--output-dir", "ram://run"], "--output-dir is in this process's memory")]:
         try:
             code = main(["train", "--epochs", "1", "--output-dir", str(run), *extra])
         except SystemExit as e:  # argparse

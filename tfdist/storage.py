@@ -268,12 +268,37 @@ def check_output_file(path: str, *, what: str) -> None:
                            f"{what}={path!r}. Fix: name a file in a folder you can write to.")
 
 
+PROCESS_MEMORY = "ram"
+"""The scheme of TensorFlow's in-memory filesystem: each process has its own, gone at its exit."""
+
+
+def check_shared(path: str, *, what: str, tasks: int) -> None:
+    """Refuses a path in one process's memory (``ram://``) for a job of several tasks: each task
+    holds its own, so the others never see the chief's checkpoints, and they are gone at its exit."""
+    if tasks > 1 and scheme(path) == PROCESS_MEMORY:
+        raise StorageError(
+            f"{what} is in one process's memory (ram://), which each of the job's {tasks} tasks holds apart and loses "
+            f"at its exit; received {what}={path!r}. Fix: use storage every task reaches (gs://..., a shared disk)."
+        )
+
+
+def check_kept(path: str, *, what: str) -> None:
+    """Refuses, for a command, a path in its own memory (``ram://``), which is gone when it exits."""
+    if scheme(path) == PROCESS_MEMORY:
+        raise StorageError(
+            f"{what} is in this process's memory (ram://), which is gone when the command exits; received "
+            f"{what}={path!r}. Fix: use a local path or storage such as gs://."
+        )
+
+
 def check_output_files(outputs: dict[str, str | None], *, writer: bool) -> None:
-    """``check_output_file`` for each ``{flag: path}`` given, on the task that writes them
+    """A command's output files (``{flag: path}``), before any work: kept past the command's
+    exit (``check_kept``), and writable (``check_output_file``) on the task that writes them
     (``writer``); the others check only that the storage is supported."""
     for flag, path in outputs.items():
         if not path:
             continue
+        check_kept(path, what=flag)
         if writer:
             check_output_file(path, what=flag)
         else:

@@ -150,6 +150,9 @@ def run_command(args: argparse.Namespace) -> int:
         export.check_name(model_path)
     tf = _quiet.import_tensorflow()
     storage.check_supported(args.output_dir, what="--output-dir")
+    storage.check_kept(args.output_dir, what="--output-dir")
+    if args.checkpoint_dir:
+        storage.check_kept(args.checkpoint_dir, what="--checkpoint-dir")
     if model_path is not None:
         storage.check_supported(model_path, what="--save-model")  # save_model checks again, as `path`: fail first
     from tfdist.checkpoint import layout

@@ -122,6 +122,8 @@ def fit(
     # 1. Cluster and strategy.
     cluster = detect() if cluster is None else cluster
     _check_role(cluster)
+    if options is not None:
+        storage.check_shared(options.directory, what="checkpoint_dir", tasks=len(cluster.tasks()))
     if not strategy_mod.trains_here(strategy, cluster):
         serve(cluster)  # ps and worker tasks of a parameter-server cluster
         return None

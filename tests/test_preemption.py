@@ -204,3 +204,40 @@ def test_a_script_stopped_by_ctrl_c_in_fit_exits_as_pythons_own_ctrl_c_does(proc
     assert code == -signal.SIGINT, out[-3000:]
     assert "KeyboardInterrupt: interrupted by SIGINT at step 3, saved there" in out
     assert layout.latest_metadata(str(tmp_path)).global_step == 3
+
+
+_SIGTERM_IN_SETUP = """
+import os, signal, sys, time
+import keras, tfdist
+
+def build():  # the strategy exists (and TensorFlow's own SIGTERM handler with it); training has not begun
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    print("trained on after SIGTERM", flush=True)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+tfdist.fit(build, "digits", epochs=1, batch_size=32, steps_per_epoch=2, verbose=0, strategy="multi_worker_mirrored",
+           checkpoint_dir=sys.argv[1])
+print("fit returned", flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_sigterm_before_training_begins_exits_to_be_restarted_though_tensorflow_swallows_it(procs, tmp_path):
+    import json
+    import sys
+
+    from conftest import base_env, free_port
+
+    from tfdist import env
+
+    script = tmp_path / "setup_sigterm.py"
+    script.write_text(_SIGTERM_IN_SETUP)
+    config = {"cluster": {"worker": [f"127.0.0.1:{free_port()}"]}, "task": {"type": "worker", "index": 0}}
+    code, out = procs.run([sys.executable, str(script), str(tmp_path / "run")], timeout=180,
+                          env=base_env(TF_CONFIG=json.dumps(config)))
+    assert code == env.EXIT_PREEMPTED, out[-3000:]
+    assert "SIGTERM received before training began: exiting with code 75" in out
+    assert "trained on after SIGTERM" not in out and "fit returned" not in out

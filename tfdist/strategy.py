@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
+import threading
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tfdist import env
@@ -420,6 +422,18 @@ def resolve_name(name: str, cluster: ClusterSpec, *, devices: Sequence[str] | No
     return Choice(name, "chosen by name")
 
 
+def _reclaim_signals() -> None:
+    """Puts Python's SIGTERM and SIGUSR1 handlers back in force. A multi-worker strategy installs
+    TensorFlow's C-level SIGTERM handler (its preemption notifier), which swallows the signal
+    while Python still reports its own handler: a task told to stop would train on."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)):
+        handler = signal.getsignal(sig) if sig is not None else None
+        if handler is not None:  # None: a handler Python did not install
+            signal.signal(sig, handler)
+
+
 def make_strategy(
     name: "str | tf.distribute.Strategy" = "auto",
     *,
@@ -462,6 +476,7 @@ def make_strategy(
             "Fix: use 'multi_worker_mirrored' (or 'auto'), or unset TF_CONFIG."
         )
     strategy = _REGISTRY[choice.name](cluster, options)
+    _reclaim_signals()
     log.info("strategy %s: %s (%d replica(s))", choice.name, choice.reason, strategy.num_replicas_in_sync)
     strategy._tfdist_name = choice.name  # read by name_of()
     _CREATED[key] = strategy

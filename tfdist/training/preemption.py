@@ -15,10 +15,13 @@ the previous handler back, so a second one interrupts at once, as Python's own d
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
 import time
+
+from tfdist import env
 
 log = logging.getLogger("tfdist")
 
@@ -55,6 +58,37 @@ def interrupted(step: int, *, saved: bool, complete: bool = False, elsewhere: bo
     error = KeyboardInterrupt(f"interrupted by {INTERRUPT_NAME}{' on another worker' if elsewhere else ''} {what}")
     error.step, error.saved = step, saved
     return error
+
+
+class SetupSignals:
+    """While ``fit`` sets up (strategy, model, restore, datasets: nothing trained yet that a save
+    could keep), a preemption signal ends the task at once with ``EXIT_PREEMPTED``, so that it is
+    restarted, instead of being lost or waiting for the first step. ``PreemptionWatcher`` takes
+    over when training begins."""
+
+    def __init__(self):
+        self._previous: dict[int, object] = {}
+
+    def _exit(self, signum, frame):
+        # At once, as a SIGKILL would (which every state of a run survives): an exception raised
+        # here would surface inside whatever TensorFlow call is running, mangled by its bindings.
+        log.warning("%s received before training began: exiting with code %d (nothing trained yet; a restart "
+                    "resumes from the last checkpoint)", signal.Signals(signum).name, env.EXIT_PREEMPTED)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(env.EXIT_PREEMPTED)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._exit)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+        return False
 
 
 class PreemptionWatcher:

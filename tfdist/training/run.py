@@ -33,7 +33,8 @@ from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
 from tfdist.training.faults import Faults
 from tfdist.training.keras_common import keras_of
-from tfdist.training.preemption import Agreement, Preempted, Preemption, PreemptionWatcher, interrupted
+from tfdist.training.preemption import (Agreement, Preempted, Preemption, PreemptionWatcher, SetupSignals,
+                                        interrupted)
 from tfdist.training.summary import FitSummary, summarize
 
 log = logging.getLogger("tfdist")
@@ -127,33 +128,34 @@ def fit(
     if not strategy_mod.trains_here(strategy, cluster):
         serve(cluster)  # ps and worker tasks of a parameter-server cluster
         return None
-    recorded = layout.latest_metadata(options.directory) if options is not None and options.resume else None
-    seed = _seed(seed, deterministic=deterministic, recorded=recorded)
-    strategy = _strategy_built_in(model, strategy)
-    strat = strategy_mod.make_strategy(
-        strategy, cluster=cluster, devices=devices, all_reduce=all_reduce, bytes_per_pack=bytes_per_pack,
-        collective_timeout=collective_timeout,
-    )
-    traits = strategy_mod.traits(strat, cluster)
-    # 2. Data plan.
-    shape = _data_plan(
-        data, validation_data, strat, traits, validation_split=validation_split, validation_freq=validation_freq,
-        epochs=epochs, batch_size=batch_size,
-        per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
-        steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, class_weight=class_weight, recorded=recorded,
-    )
-    # 3. Model in scope.
-    adapter, built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
-    # 4. Checkpoints and the point to resume from (the callbacks' state with them).
-    callback_state = CallbackState(callbacks, model=built) if options is not None else None
-    checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster,
-                                       callback_state=callback_state)
-    if point is not None and _is_complete(point, shape):
-        return _already_complete(point, adapter, built, checkpointer, strat, traits, shape, wall_start=wall_start,
-                                 callback_state=callback_state)
-    start_step = point.global_step if point is not None else 0
-    # 5. Datasets.
-    train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
+    with SetupSignals():  # a preemption signal before training begins: exit to be restarted
+        recorded = layout.latest_metadata(options.directory) if options is not None and options.resume else None
+        seed = _seed(seed, deterministic=deterministic, recorded=recorded)
+        strategy = _strategy_built_in(model, strategy)
+        strat = strategy_mod.make_strategy(
+            strategy, cluster=cluster, devices=devices, all_reduce=all_reduce, bytes_per_pack=bytes_per_pack,
+            collective_timeout=collective_timeout,
+        )
+        traits = strategy_mod.traits(strat, cluster)
+        # 2. Data plan.
+        shape = _data_plan(
+            data, validation_data, strat, traits, validation_split=validation_split, validation_freq=validation_freq,
+            epochs=epochs, batch_size=batch_size,
+            per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
+            steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, class_weight=class_weight, recorded=recorded,
+        )
+        # 3. Model in scope.
+        adapter, built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
+        # 4. Checkpoints and the point to resume from (the callbacks' state with them).
+        callback_state = CallbackState(callbacks, model=built) if options is not None else None
+        checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster,
+                                           callback_state=callback_state)
+        if point is not None and _is_complete(point, shape):
+            return _already_complete(point, adapter, built, checkpointer, strat, traits, shape, wall_start=wall_start,
+                                     callback_state=callback_state)
+        start_step = point.global_step if point is not None else 0
+        # 5. Datasets.
+        train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
     # 6. Run.
     controller = _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape,
                              start_step=start_step, history=point.metadata.history if point is not None else [],

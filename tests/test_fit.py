@@ -247,3 +247,36 @@ def test_a_save_cut_short_by_the_error_that_ended_training_is_reported_for_what_
     with caplog.at_level(logging.WARNING, logger="tfdist"):
         run._finish_saves(Cut(), error)
     assert [r.getMessage() for r in caplog.records] == [f"the checkpoint being written {expected}"]
+
+
+def test_a_save_that_fails_because_a_parameter_server_is_gone_names_the_task_not_the_storage():
+    import types
+
+    import tensorflow as tf
+
+    from tfdist.cluster import parse_tf_config
+    from tfdist.errors import CheckpointIOError, PeerUnavailableError
+    from tfdist.training.run import _peer_lost_in_save
+
+    cluster = parse_tf_config({"cluster": {"chief": ["127.0.0.1:35001"], "worker": ["127.0.0.1:35002"],
+                                           "ps": ["127.0.0.1:35645"]}, "task": {"type": "chief", "index": 0}})
+    coordinated = types.SimpleNamespace(coordinated=True)
+
+    def failed_save(cause):
+        try:
+            raise CheckpointIOError("writing a checkpoint failed") from cause
+        except CheckpointIOError as e:
+            return e
+
+    by_address = failed_save(tf.errors.UnavailableError(
+        None, None, "failed to connect to all addresses; ipv4:127.0.0.1:35645: Connection refused"))
+    lost = _peer_lost_in_save(by_address, cluster, coordinated)
+    assert isinstance(lost, PeerUnavailableError)
+    assert str(lost).startswith("ps:0 could not be reached while chief:0 saved a checkpoint (UnavailableError: ")
+    assert "the storage is not at fault. Fix: restart every task" in str(lost)
+    by_device = failed_save(tf.errors.UnavailableError(None, None, "/job:ps/replica:0/task:0 is unreachable"))
+    assert str(_peer_lost_in_save(by_device, cluster, coordinated)).startswith("ps:0 could not be reached")
+    # Storage's own failures (gs:// answers 503 as Unavailable too) stay storage failures.
+    storage = failed_save(tf.errors.UnavailableError(None, None, "storage.googleapis.com: 503 Service Unavailable"))
+    assert _peer_lost_in_save(storage, cluster, coordinated) is None
+    assert _peer_lost_in_save(failed_save(OSError("No space left on device")), cluster, coordinated) is None

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import random
+import re
 import time
 from typing import Any, Mapping, Sequence
 
@@ -27,7 +28,8 @@ from tfdist.checkpoint import Checkpointer, CheckpointOptions, ResumePoint, RunM
 from tfdist.checkpoint import layout
 from tfdist.cluster import EVALUATOR, ClusterSpec, detect
 from tfdist.startup import serve
-from tfdist.errors import BatchSizeError, DataError, ModelError, PeerUnavailableError, describe
+from tfdist.errors import (BatchSizeError, CheckpointIOError, DataError, ModelError, PeerUnavailableError,
+                           describe)
 from tfdist.training import model as model_mod
 from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
@@ -526,6 +528,9 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
     except BaseException as e:  # a failing callback, Ctrl-C, bad data: the save in flight is finished first
         if checkpointer is not None:
             _finish_saves(checkpointer, e)
+        lost = _peer_lost_in_save(e, cluster, traits)
+        if lost is not None:
+            raise lost from e
         failure = data_mod.read_failure(e, shape.source, shape.validation)
         if failure is not None:  # a Python dataset's own error, not TensorFlow's wrapping of it
             raise failure from None
@@ -535,6 +540,29 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
     if controller.preemption.watcher.interrupted:  # Ctrl-C came too late to stop before the end
         raise interrupted(controller.global_step, saved=checkpointer is not None, complete=True)
     return history
+
+
+_TASK_IN_ERROR = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def _peer_lost_in_save(error: BaseException, cluster: ClusterSpec, traits) -> PeerUnavailableError | None:
+    """A save that failed because a task it reads variables from (a parameter server) is gone,
+    named by its address or device in TensorFlow's error: not a storage failure."""
+    cause = error.__cause__
+    if not (isinstance(error, CheckpointIOError) and isinstance(cause, _peer_errors())
+            and (cluster.num_workers > 1 or traits.coordinated)):
+        return None
+    text = str(cause)
+    named = {f"{role}:{index}" for role, index in _TASK_IN_ERROR.findall(text)}
+    lost = [f"{role}:{index}" for role, index, address in cluster.tasks()
+            if address in text or f"{role}:{index}" in named and f"{role}:{index}" != cluster.task_name]
+    if not lost:
+        return None
+    return PeerUnavailableError(
+        f"{', '.join(lost)} could not be reached while {cluster.task_name} saved a checkpoint ({describe(cause)}); "
+        "the storage is not at fault. Fix: restart every task (tfdist launch does it); the run resumes from its last "
+        "complete checkpoint."
+    )
 
 
 def _finish_saves(checkpointer: Checkpointer, error: BaseException) -> None:

@@ -250,6 +250,18 @@ def test_a_task_that_always_fails_gives_up_after_max_restarts(task_script, tmp_p
 
 
 @pytest.mark.timeout(30)
+def test_a_training_task_still_running_after_the_grace_that_follows_worker_0s_exit_is_a_failure(task_script,
+                                                                                                tmp_path):
+    # worker:0 exits 0 at once (a script that returns early on one rank); worker:1 never finishes.
+    command = task_script('record("attempt", restart)\nif index == 0:\n    sys.exit(0)\ntime.sleep(60)\n')
+    result, _, _ = _launch(command, workers=2, max_restarts=1, grace=0.5)
+    assert (result.exit_code, result.restarts) == (env.EXIT_FAILED, 1)
+    assert result.reason == ("worker:1 still running 0.5 s after worker:0 exited with code 0, stopped: not every "
+                             "training task finished")
+    assert (tmp_path / "attempt-worker-1.log").read_text().split() == ["0", "1"]
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("max_restarts, expected", [(1, (0, 1)), (0, (env.EXIT_PREEMPTED, 0))])
 def test_exit_code_75_counts_as_a_restart(task_script, max_restarts, expected):
     command = task_script("sys.exit(75 if restart == 0 and role == 'worker' and index == 0 else 0)\n")
@@ -486,3 +498,24 @@ def test_the_cli_runs_a_job_and_exits_with_its_code(task_script):
     _, stderr = process.communicate(timeout=25)
     assert process.returncode == 3
     assert "launch finished: exit code 3, 0 cluster restart(s)" in stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_launched_task_whose_peer_never_serves_is_told_to_look_at_that_peer_not_to_use_the_launcher(monkeypatch):
+    import socket
+
+    from tfdist.errors import PeerUnavailableError
+    from tfdist.startup import wait_for_peers
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cluster = parse_tf_config({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                               "task": {"type": "worker", "index": 0}})
+    monkeypatch.setenv(env.TFDIST_RESTART, "0")
+    with pytest.raises(PeerUnavailableError, match=r"missing: worker:1 \(127\.0\.0\.1:\d+\)\. Fix: look at the "
+                                                   r"missing tasks' lines above: they exited or failed before serving"):
+        wait_for_peers(cluster, timeout=0.5)
+

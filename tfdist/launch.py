@@ -355,13 +355,11 @@ class Launcher:
             if result_task.returncode == 0:
                 if finish_deadline is None:
                     finish_deadline = time.monotonic() + self.options.grace
-                elif time.monotonic() > finish_deadline:
+                elif time.monotonic() > finish_deadline:  # a task that did not finish did not succeed
                     late = ", ".join(t.name for t in training if t.running)
-                    log.warning(
-                        "%s still running %.0f s after %s finished; stopping them",
-                        late, self.options.grace, result_task.name,
-                    )
-                    return _Outcome("success", env.EXIT_OK, f"{result_task.name} exited with code 0")
+                    return _Outcome("failure", env.EXIT_FAILED,
+                                    f"{late} still running {self.options.grace:g} s after {result_task.name} exited "
+                                    "with code 0, stopped: not every training task finished")
             time.sleep(_POLL_S)
 
     def _supervise_parameter_server(self) -> _Outcome:

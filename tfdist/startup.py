@@ -84,10 +84,11 @@ def wait_for_peers(cluster: ClusterSpec, timeout: float) -> None:
                 break
             if time.monotonic() > deadline:
                 names = ", ".join(f"{name} ({address})" for name, address in missing)
+                start = ("look at the missing tasks' lines above: they exited or failed before serving"
+                         if env.launched() else "start every task listed in TF_CONFIG (or use `tfdist launch`)")
                 raise PeerUnavailableError(
                     f"the cluster did not come up within {timeout:g} s; missing: {names}. "
-                    f"Fix: start every task listed in TF_CONFIG (or use `tfdist launch`); raise "
-                    f"{env.TFDIST_STARTUP_TIMEOUT} if they start slowly."
+                    f"Fix: {start}; raise {env.TFDIST_STARTUP_TIMEOUT} if they start slowly."
                 )
             time.sleep(0.2)
     finally:

@@ -115,6 +115,7 @@ def test_a_peer_that_never_starts_gives_an_error_naming_it_within_the_timeout(pr
     assert elapsed < 60
     line = next(line for line in out.splitlines() if line.startswith("tfdist: error:"))
     assert f"worker:1 (127.0.0.1:{ports[1]})" in line and "did not come up within 10 s" in line
+    assert "Fix: start every task listed in TF_CONFIG (or use `tfdist launch`)" in line
 
 
 @pytest.mark.timeout(240)

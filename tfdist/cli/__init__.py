@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from typing import Sequence
 
+from tfdist import _logs
 from tfdist._version import __version__
 
 COMMANDS = {
@@ -50,29 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is when a record is emitted (a notebook or a test may
-    replace it after the handler was made; a handler bound to the old one writes to a closed stream)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):  # StreamHandler.__init__ assigns it
-        pass
-
-
-def setup_logging(verbose: bool = True) -> None:
-    logger = logging.getLogger("tfdist")
-    if not logger.handlers:
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("tfdist: %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO if verbose else logging.WARNING)
-    logger.propagate = False
-
-
 def _refuse_unknown_options_without_command(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     """``tfdist --bogus`` names ``--bogus``: argparse reports the missing COMMAND first, which
     hides the mistyped option (with a command, argparse names it itself)."""
@@ -92,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _refuse_unknown_options_without_command(parser, argv)
     args = parser.parse_args(argv)
-    setup_logging()
+    _logs.setup()
     _quiet.set_verbose(args.show_tensorflow_logs)
     try:
         return int(args.func(args) or 0)

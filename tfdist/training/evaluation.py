@@ -17,6 +17,7 @@ import dataclasses
 import logging
 from typing import Any, Sequence
 
+from tfdist import _logs
 from tfdist import data as data_mod
 from tfdist import strategy as strategy_mod
 from tfdist.cluster import ClusterSpec, detect
@@ -33,6 +34,7 @@ _ON_CHIEF = LastModelCache()  # the test function of the model the chief evaluat
 _PREDICT = LastModelCache()  # the predict function of the model that predicted last
 
 
+@_logs.shows_logs
 def evaluate(
     model: Any,
     data: Any,
@@ -203,6 +205,7 @@ def _on_chief(model, dataset, steps: int | None, callbacks: list, verbose: int) 
     return logs
 
 
+@_logs.shows_logs
 def predict(
     model: Any,
     x: Any,

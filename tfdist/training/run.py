@@ -20,7 +20,7 @@ import re
 import time
 from typing import Any, Mapping, Sequence
 
-from tfdist import _checks, storage
+from tfdist import _checks, _logs, storage
 from tfdist import data as data_mod
 from tfdist import env
 from tfdist import strategy as strategy_mod
@@ -42,6 +42,7 @@ from tfdist.training.summary import FitSummary, summarize
 log = logging.getLogger("tfdist")
 
 
+@_logs.shows_logs
 def fit(
     model: Any,
     data: Any,

@@ -1,0 +1,46 @@
+"""tfdist's log lines: shown to a Python user who configured no logging, left to those who did."""
+
+import logging
+
+from tfdist import _logs
+
+
+def _unconfigured(monkeypatch):
+    logger = logging.getLogger(_logs.NAME)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # pytest's own capture handlers, for this test
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", True)
+    logger.setLevel(logging.NOTSET)
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    return logger
+
+
+def test_info_lines_reach_stderr_while_a_public_call_runs_when_nothing_else_would_show_them(monkeypatch, capsys):
+    logger = _unconfigured(monkeypatch)
+
+    @_logs.shows_logs
+    def fit(*, verbose="auto"):
+        logger.info("resuming from ckpt-40")
+        return verbose
+
+    assert fit() == "auto" and fit.__name__ == "fit"
+    assert capsys.readouterr().err == "tfdist: resuming from ckpt-40\n"
+    assert fit(verbose=0) == 0 and capsys.readouterr().err == ""  # verbose=0: silent, as Keras' fit
+    assert logger.handlers == [] and logger.level == logging.NOTSET  # as it was
+    logger.info("after the call")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_user_who_configured_logging_gets_the_lines_through_their_own_handlers_only(monkeypatch, capsys):
+    logger = _unconfigured(monkeypatch)
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [Keep()])
+    with _logs.shown("auto"):
+        logger.warning("a warning")
+        assert logger.handlers == []
+    assert records == ["a warning"] and capsys.readouterr().err == ""

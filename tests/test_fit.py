@@ -78,7 +78,10 @@ def test_a_compiled_model_created_outside_the_scope_is_rebuilt_with_its_weights(
                              steps_per_epoch=1)
     assert "rebuilt inside it with its weights" in caplog.text
     assert history.model is not model
-    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))  # the user's model is untouched
+    # As after model.fit, the model passed holds the trained weights and optimizer state.
+    assert all(np.array_equal(a, b) for a, b in zip(history.model.get_weights(), model.get_weights()))
+    assert not all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    assert int(model.optimizer.iterations.numpy()) == history.tfdist.global_step == 1
     assert type(history.model.optimizer).__name__ == "SGD"
 
 

@@ -113,3 +113,32 @@ def resolve(model: Any, strategy, *, precision: str = "float32"):
         built = adapter.in_scope(model)
     adapter.after_build(built)
     return adapter, built
+
+
+def copy_back(trained: Any, original: Any) -> None:
+    """Gives the model the user passed, which fit copied into the strategy's scope to train, the
+    trained weights, and its optimizer the trained state (where its variables match), as
+    ``model.fit`` would have left them."""
+    import numpy as np
+
+    original.set_weights(trained.get_weights())
+    optimizer = original.optimizer
+    theirs = _optimizer_variables(optimizer)
+    ours = _optimizer_variables(trained.optimizer)
+    unbuilt = not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False))
+    if len(theirs) != len(ours) and unbuilt:  # an optimizer that never stepped makes its variables now
+        build = getattr(optimizer, "build", None) or getattr(optimizer, "_create_all_weights", None)  # tf_keras legacy
+        if build is not None:
+            build(original.trainable_variables)
+        theirs = _optimizer_variables(optimizer)
+    if [tuple(v.shape) for v in theirs] != [tuple(v.shape) for v in ours]:
+        log.info("the optimizer of the model passed to fit has other variables than the one trained; it keeps its own "
+                 "state (the model has the trained weights)")
+        return
+    for target, source in zip(theirs, ours):
+        target.assign(np.asarray(source.numpy() if hasattr(source, "numpy") else source))
+
+
+def _optimizer_variables(optimizer: Any) -> list:
+    variables = getattr(optimizer, "variables", [])
+    return list(variables() if callable(variables) else variables)

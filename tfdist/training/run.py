@@ -154,8 +154,10 @@ def fit(
         checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster,
                                            callback_state=callback_state)
         if point is not None and _is_complete(point, shape):
-            return _already_complete(point, adapter, built, checkpointer, strat, traits, shape, wall_start=wall_start,
-                                     callback_state=callback_state)
+            history = _already_complete(point, adapter, built, checkpointer, strat, traits, shape,
+                                        wall_start=wall_start, callback_state=callback_state)
+            _give_back(model, built)
+            return history
         start_step = point.global_step if point is not None else 0
         # 5. Datasets.
         train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
@@ -175,7 +177,14 @@ def fit(
         train_seconds=controller.train_seconds, wall_seconds=time.monotonic() - wall_start,
         checkpoint_dir=checkpoint_dir,
     )
+    _give_back(model, built)
     return history
+
+
+def _give_back(model: Any, built: Any) -> None:
+    """A model instance fit copied into the scope gets the trained state, as after ``model.fit``."""
+    if built is not model and model_mod.is_model(model):
+        model_mod.copy_back(built, model)
 
 
 @dataclasses.dataclass(frozen=True)

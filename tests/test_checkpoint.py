@@ -397,9 +397,18 @@ def test_a_lost_or_damaged_state_file_resumes_from_the_checkpoints_beside_it_and
     assert "no readable state file" in caplog.text and "newest ckpt-15" in caplog.text
     assert all((tmp_path / f"ckpt-{step}.index").exists() for step in (9, 12, 15))  # unlisted, never deleted
     (tmp_path / "checkpoint").write_text("")  # emptied: TensorFlow's manager would fail on it
+    # tfdist ckpt reads what a run would resume from: listed as found beside it, verified by its tensors.
+    found = [9, 12, 15, 24, 27, 30]  # the first run's, unlisted since the second ran, and the second's
+    assert [info.global_step for info in inspect.list_checkpoints(str(tmp_path)) if info.global_step] == found
+    results, _ = inspect.verify(str(tmp_path), every=True)
+    assert [(os.path.basename(r.path), r.ok) for r in results] == [(f"ckpt-{step}", True) for step in found]
     again = _fit(tmp_path, epochs=3)
     assert again.tfdist.start_step == 30 and again.tfdist.global_step == 45
     assert len(glob.glob(str(tmp_path / "checkpoint.replaced-*"))) == 1
+    # A complete run whose state file is lost writes it again when it is started: its directory reads as before.
+    (tmp_path / "checkpoint").unlink()
+    assert _fit(tmp_path, epochs=3).tfdist.start_step == 45
+    assert [info.global_step for info in inspect.list_checkpoints(str(tmp_path)) if info.listed] == [45]
 
 
 def test_a_checkpoint_of_the_other_keras_is_refused_even_with_allow_changes(tmp_path):

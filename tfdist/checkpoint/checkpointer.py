@@ -453,6 +453,8 @@ class Checkpointer:
                 continue
             self._restore_replica_state(path, metadata)
             self._restore_callback_arrays(path)
+            if self.is_chief and not listed:  # the directory names its latest checkpoint again (the others stay
+                layout.write_state(self.directory, [path])  # unlisted, so that no retention deletes them)
             point = ResumePoint(path=path, global_step=self.counters.global_step, metadata=metadata)
             self.resumed_from = point
             self.last_saved_step = point.global_step

@@ -92,22 +92,15 @@ def _check_directory(directory: str) -> None:
 
 
 def _listed_paths(directory: str) -> list[str]:
-    """The checkpoints the state file names, oldest first; [] without a state file."""
-    state = layout.state_path(directory)
-    if not storage.exists(state):
-        return []
-    try:
-        paths = [_normalized(p) for p in layout.checkpoint_paths(directory, listed_only=True)]
-    except Exception as e:  # noqa: BLE001 -- a damaged state file: name it below
-        paths, reason = [], describe(e)
-    else:
-        reason = "it names no checkpoint"
-    if not paths:
-        raise CheckpointError(
-            f"the state file {state!r} cannot be read ({reason}); received a damaged or foreign state file. "
-            "Fix: check it by hand, or inspect a checkpoint by its prefix (DIR/ckpt-N)."
-        )
-    return paths
+    """The checkpoints the state file names, oldest first; [] without a state file that names one
+    (deleted, emptied, damaged, written over: `list` shows the checkpoints found beside it)."""
+    return [_normalized(p) for p in layout.checkpoint_paths(directory, listed_only=True)]
+
+
+def _readable_paths(directory: str) -> list[str]:
+    """The checkpoints to inspect or verify: those the state file names, else the complete ones
+    found beside it (index and metadata), which a run started there would resume from."""
+    return _listed_paths(directory) or [_normalized(p) for p in layout.found_checkpoints(directory)]
 
 
 def _normalized(path: str) -> str:
@@ -242,10 +235,10 @@ def resolve(path: str, *, every: bool = False) -> list[str]:
         )
     path = checkpoint_dir(path)
     _check_directory(path)
-    listed = _listed_paths(path)
-    if not listed:
+    readable = _readable_paths(path)
+    if not readable:
         raise _no_checkpoint_error(path, _leftovers(path, []))
-    return listed if every else listed[-1:]
+    return readable if every else readable[-1:]
 
 
 # --- reading the bundle index ------------------------------------------------------------
@@ -398,8 +391,9 @@ def _structure_problems(prefix: str) -> tuple[list[str], dict[str, str]]:
 
 def _metadata_problems(prefix: str, tensor_step: int | None) -> list[str]:
     name = storage.basename(layout.metadata_path(prefix))
-    if not storage.exists(layout.metadata_path(prefix)):
-        return [f"missing metadata file {name}"]
+    if not storage.exists(layout.metadata_path(prefix)):  # a problem where tfdist wrote the others
+        written_by_tfdist = storage.glob_names(storage.dirname(prefix), f"*{layout.METADATA_SUFFIX}")
+        return [f"missing metadata file {name}"] if written_by_tfdist else []
     metadata = layout.read_metadata(prefix)
     if metadata is None:
         return [f"metadata file {name} is not a JSON object"]
@@ -453,16 +447,13 @@ def verify(path: str, *, every: bool = False) -> tuple[list[Verification], list[
     if storage.isdir(path):
         path = checkpoint_dir(path)
         _check_directory(path)
-        try:
-            listed = _listed_paths(path)
-        except CheckpointError as e:  # a damaged state file is a failed verification, not a usage error
-            return [Verification(path=layout.state_path(path), ok=False, problem=str(e))], []
-        leftovers = _leftovers(path, listed)
-        if not listed:
+        readable = _readable_paths(path)
+        leftovers = _leftovers(path, readable)
+        if not readable:
             if not leftovers:
                 raise _no_checkpoint_error(path, [])
             return [Verification(path=c.path, ok=False, problem=c.problem) for c in leftovers], []
-        prefixes = listed if every else listed[-1:]
+        prefixes = readable if every else readable[-1:]
     else:
         prefixes, leftovers = resolve(path), []
     return [verify_checkpoint(p) for p in prefixes], leftovers

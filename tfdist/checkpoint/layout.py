@@ -222,6 +222,14 @@ def checkpoint_paths(directory: str, *, listed_only: bool = False) -> list[str]:
     return listed if listed or listed_only else found_checkpoints(directory)
 
 
+def write_state(directory: str, paths: list[str]) -> None:
+    """Writes the state file naming ``paths`` (oldest first, the last the latest) as
+    ``tf.train.CheckpointManager`` writes it: names relative to ``directory``, atomically."""
+    names = [storage.basename(p) for p in paths]
+    lines = [f'model_checkpoint_path: "{names[-1]}"', *(f'all_model_checkpoint_paths: "{n}"' for n in names)]
+    storage.write_atomic(state_path(directory), "\n".join(lines) + "\n")
+
+
 def found_checkpoints(directory: str) -> list[str]:
     """The checkpoints of ``directory`` whose index and tfdist metadata are there (what a save
     writes last), by step, whatever the state file says."""

@@ -188,4 +188,10 @@ _RUN = {"list": run_list, "inspect": run_inspect, "verify": run_verify}
 
 
 def run(args: argparse.Namespace) -> int:
+    from tfdist import storage
+
+    path = getattr(args, "directory", None) or args.path
+    if storage.is_url(path):  # a scheme TensorFlow lacks, or storage it cannot reach: one line with the fix
+        _quiet.import_tensorflow()
+        storage.check_supported(path, what="the path")
     return _RUN[args.ckpt_command](args)

@@ -60,14 +60,27 @@ def interrupted(step: int, *, saved: bool, complete: bool = False, elsewhere: bo
     return error
 
 
-class SetupSignals:
+class _SignalHandlers:
+    """Signal handlers installed for a ``with`` block; the previous ones come back at its end."""
+
+    def __init__(self):
+        self._previous: dict[int, object] = {}
+
+    def _install(self, sig: int, handler) -> None:
+        self._previous[sig] = signal.signal(sig, handler)
+
+    def __exit__(self, *exc):
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+        return False
+
+
+class SetupSignals(_SignalHandlers):
     """While ``fit`` sets up (strategy, model, restore, datasets: nothing trained yet that a save
     could keep), a preemption signal ends the task at once with ``EXIT_PREEMPTED``, so that it is
     restarted, instead of being lost or waiting for the first step. ``PreemptionWatcher`` takes
     over when training begins."""
-
-    def __init__(self):
-        self._previous: dict[int, object] = {}
 
     def _exit(self, signum, frame):
         # At once, as a SIGKILL would (which every state of a run survives): an exception raised
@@ -81,24 +94,18 @@ class SetupSignals:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._exit)
+                self._install(sig, self._exit)
         return self
 
-    def __exit__(self, *exc):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
-        return False
 
-
-class PreemptionWatcher:
+class PreemptionWatcher(_SignalHandlers):
     """Installs the signal handlers while training runs; ``requested`` tells whether one came."""
 
     def __init__(self):
+        super().__init__()
         self._event = threading.Event()
         self.signal_name: str | None = None
         self.received_at: float | None = None
-        self._previous: dict[int, object] = {}
 
     @property
     def requested(self) -> bool:
@@ -132,18 +139,12 @@ class PreemptionWatcher:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                self._install(sig, self._handle)
             if signal.getsignal(INTERRUPT) is not signal.SIG_IGN:  # an ignored Ctrl-C stays ignored
-                self._previous[INTERRUPT] = signal.signal(INTERRUPT, self._handle_interrupt)
+                self._install(INTERRUPT, self._handle_interrupt)
         else:
             log.warning("tfdist.fit runs outside the main thread: SIGTERM/SIGUSR1 cannot be caught for preemption")
         return self
-
-    def __exit__(self, *exc):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
-        return False
 
 
 AGREE_PERIOD_SECONDS = 1.0

@@ -68,6 +68,15 @@ def test_a_label_the_model_has_no_class_for_is_bad_data_named_with_the_fix():
     with pytest.raises(DataError, match=r"a label is not one of the model's classes 0 to 9; received label 10 in "
                                         r"'arrays'\. Fix: number the classes from 0"):
         tfdist.fit(_linear_sgd, x, y, epochs=1, batch_size=32, strategy="one_device", seed=0, verbose=0)
+    # TensorFlow reports it in one of two ways (the loss's own check, or the gather inside it); another gather is not it.
+    import tensorflow as tf
+
+    from tfdist.data.pipeline import _label_out_of_range
+
+    gather = "node sparse_categorical_crossentropy/SparseSoftmaxCrossEntropyWithLogits/GatherV2: indices[28] = 10 is not in [0, 10)"
+    assert "received label 10 in the data" in str(_label_out_of_range(tf.errors.InvalidArgumentError(None, None, gather), []))
+    embedding = "node embedding/GatherV2: indices[3] = 99 is not in [0, 10)"
+    assert _label_out_of_range(tf.errors.InvalidArgumentError(None, None, embedding), []) is None
 
 
 def test_a_compiled_model_created_outside_the_scope_is_rebuilt_with_its_weights(caplog):

@@ -439,11 +439,15 @@ def read_failure(error: BaseException, *sources: Any) -> BaseException | None:
 
 # TensorFlow's sparse cross-entropy on a label it has no class for (CPU; a GPU gives NaN instead).
 _LABEL_RANGE = re.compile(r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)")
+# The same, as the gather inside it reports it (graph functions): only where that gather is the loss's.
+_LABEL_GATHER = re.compile(r"indices\[\d+\] = (-?\d+) is not in \[0, (\d+)\)")
+_SPARSE_LOSS = re.compile(r"SparseSoftmaxCrossEntropy|sparse_categorical_crossentropy")
 
 
 def _label_out_of_range(error: BaseException, sources: list) -> DataError | None:
     """Bad data, not a failure a restart could fix: a label outside the model's classes."""
-    found = _LABEL_RANGE.search(str(error))
+    text = str(error)
+    found = _LABEL_RANGE.search(text) or (_LABEL_GATHER.search(text) if _SPARSE_LOSS.search(text) else None)
     if found is None:
         return None
     label, classes = int(found.group(1)), int(found.group(2))

@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist.errors import ModelError
-from tfdist.training.keras_common import (carry_weight_decay_exclusions, defined_in, fresh_metrics, merged_history,
-                                          model_fingerprint, warn_low_precision_outputs)
+from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, defined_in, fresh_metrics,
+                                          merged_history, model_fingerprint, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -159,10 +159,7 @@ def build_state(model, sample: tuple) -> None:
         model.compiled_loss.build(y_pred)
         model.compiled_metrics.build(y_pred, y)
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        if hasattr(optimizer, "build"):
-            optimizer.build(model.trainable_variables)
-        elif hasattr(optimizer, "_create_all_weights"):  # a legacy optimizer: iterations, hyper-parameters, slots
-            optimizer._create_all_weights(model.trainable_variables)
+        build_optimizer(optimizer, model.trainable_variables)
         _aggregate_schedule_variable(optimizer, model.distribute_strategy)
 
 

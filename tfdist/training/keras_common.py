@@ -102,3 +102,11 @@ def fresh_metrics(keras, metrics: Any) -> Any:
         return type(metric).from_config(metric.get_config()) if isinstance(metric, keras.metrics.Metric) else metric
 
     return tf.nest.map_structure(fresh, metrics)
+
+
+def build_optimizer(optimizer: Any, variables: list) -> None:
+    """Creates an optimizer's variables now (Keras makes them at its first step): ``build``, or
+    ``_create_all_weights`` for a tf_keras legacy optimizer (iterations, hyper-parameters, slots)."""
+    build = getattr(optimizer, "build", None) or getattr(optimizer, "_create_all_weights", None)
+    if build is not None:
+        build(variables)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist.errors import ModelError
-from tfdist.training import keras2, keras3
+from tfdist.training import keras2, keras3, keras_common
 
 log = logging.getLogger("tfdist")
 
@@ -127,9 +127,7 @@ def copy_back(trained: Any, original: Any) -> None:
     ours = _optimizer_variables(trained.optimizer)
     unbuilt = not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False))
     if len(theirs) != len(ours) and unbuilt:  # an optimizer that never stepped makes its variables now
-        build = getattr(optimizer, "build", None) or getattr(optimizer, "_create_all_weights", None)  # tf_keras legacy
-        if build is not None:
-            build(original.trainable_variables)
+        keras_common.build_optimizer(optimizer, original.trainable_variables)
         theirs = _optimizer_variables(optimizer)
     if [tuple(v.shape) for v in theirs] != [tuple(v.shape) for v in ours]:
         log.info("the optimizer of the model passed to fit has other variables than the one trained; it keeps its own "

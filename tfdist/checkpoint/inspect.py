@@ -100,7 +100,7 @@ def _listed_paths(directory: str) -> list[str]:
 def _readable_paths(directory: str) -> list[str]:
     """The checkpoints to inspect or verify: those the state file names, else the complete ones
     found beside it (index and metadata), which a run started there would resume from."""
-    return _listed_paths(directory) or [_normalized(p) for p in layout.found_checkpoints(directory)]
+    return [_normalized(p) for p in layout.checkpoint_paths(directory)]
 
 
 def _normalized(path: str) -> str:

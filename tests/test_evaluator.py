@@ -34,3 +34,39 @@ def test_stops_when_no_checkpoint_appears(tmp_path):
     results = run_sidecar(_tiny, (np.zeros((4, 5), np.float32), np.zeros(4, np.int64)),
                           checkpoint_dir=str(tmp_path / "none"), log_dir=None, poll_seconds=0.05, max_idle_seconds=0.3)
     assert results == []
+
+
+def _event_steps(log_dir):
+    import tensorflow as tf
+
+    steps = []
+    for path in sorted(glob.glob(str(log_dir / "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            steps += [event.step for value in event.summary.value if value.tag == "eval/loss"]
+    return steps
+
+
+def test_an_evaluator_started_again_skips_the_checkpoints_it_evaluated_and_scores_one_saved_again(tmp_path):
+    rng = np.random.RandomState(0)
+    x = rng.rand(200, 5).astype(np.float32)
+    y = (x[:, 0] > 0.5).astype(np.int64)
+    ckpt, eval_dir = tmp_path / "ckpt", tmp_path / "eval"
+    tfdist.fit(_tiny, (x, y), epochs=1, batch_size=20, strategy="one_device", seed=0, verbose=0,
+               checkpoint_dir=str(ckpt), save_every_steps=5)  # complete at step 10
+    first = run_sidecar(_tiny, (x, y), checkpoint_dir=str(ckpt), log_dir=str(eval_dir),
+                        poll_seconds=0.05, max_idle_seconds=0.3)
+    assert [r["global_step"] for r in first] == [10]
+    # The cluster restarts: the evaluator starts again on the same checkpoints.
+    again = run_sidecar(_tiny, (x, y), checkpoint_dir=str(ckpt), log_dir=str(eval_dir),
+                        poll_seconds=0.05, max_idle_seconds=0.3)
+    assert again == []
+    assert _event_steps(eval_dir) == [10]
+    # A checkpoint written again under the same name (a new run in the directory) is new.
+    from tfdist.checkpoint import layout
+
+    path = layout.checkpoint_paths(str(ckpt))[-1]
+    metadata = layout.read_metadata(path)
+    layout.write_metadata(path, layout.Metadata(dict(metadata.raw, saved_at=metadata.saved_at + 1)))
+    third = run_sidecar(_tiny, (x, y), checkpoint_dir=str(ckpt), log_dir=str(eval_dir),
+                        poll_seconds=0.05, max_idle_seconds=0.3)
+    assert [r["global_step"] for r in third] == [10]

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
 
 from tfdist import data as data_mod
+from tfdist import storage
 from tfdist.checkpoint import layout
 
 log = logging.getLogger("tfdist")
+
+#: In ``log_dir``: the checkpoints already evaluated, so that an evaluator restarted with its
+#: cluster does not score (and write to TensorBoard) the same checkpoint again.
+EVALUATED_FILE = "evaluated.json"
 
 
 def run_sidecar(
@@ -27,6 +33,10 @@ def run_sidecar(
     Metrics go to TensorBoard under ``log_dir`` (step = the checkpoint's global step) and
     the log. Returns one dictionary of metrics per evaluated checkpoint. Stops after the
     checkpoint marked complete, or after ``max_idle_seconds`` without a new one.
+
+    With a ``log_dir``, the checkpoints evaluated are recorded there (:data:`EVALUATED_FILE`):
+    an evaluator started again (its cluster restarted) skips them, and a checkpoint written
+    again under the same name counts as new.
     """
     import tensorflow as tf
 
@@ -35,12 +45,14 @@ def run_sidecar(
     data_mod.check_labelled(source, use="evaluation")
     dataset = data_mod.validation_dataset(source, batch_size)
     writer = tf.summary.create_file_writer(log_dir) if log_dir else None
+    record = _Record(log_dir)
     seen: set[str] = set()
     results: list[dict] = []
     idle_since = time.monotonic()
     log.info("evaluator: watching %s", checkpoint_dir)
     while True:
         paths = layout.checkpoint_paths(checkpoint_dir)
+        seen.update(p for p in paths if p not in seen and record.has(p))
         fresh = [p for p in paths if p not in seen]
         if not fresh:
             if max_idle_seconds is not None and time.monotonic() - idle_since > max_idle_seconds:
@@ -61,6 +73,7 @@ def run_sidecar(
         step = metadata.global_step if metadata.global_step is not None else len(results)
         metrics = {key: float(value) for key, value in metrics.items()}
         results.append(dict(metrics, global_step=step))
+        record.add(fresh, keep=paths)  # the older ones skipped too
         log.info("evaluator: step %d: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         if writer is not None:
             with writer.as_default(step=step):
@@ -69,3 +82,40 @@ def run_sidecar(
             writer.flush()
         if metadata.complete:
             return results
+
+
+class _Record:
+    """The checkpoints already evaluated (name and save time), kept in ``log_dir``."""
+
+    def __init__(self, log_dir: str | None):
+        self._path = storage.join(log_dir, EVALUATED_FILE) if log_dir else None
+        self._entries: dict[str, float | None] = {}
+        if self._path is None:
+            return
+        try:
+            raw = json.loads(storage.read_text(self._path))
+            self._entries = {str(k): v for k, v in raw["checkpoints"].items()}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("evaluator: cannot read %s (%s); evaluating the checkpoints again", self._path, e)
+        if self._entries:
+            log.info("evaluator: %d checkpoint(s) already evaluated, as %s records", len(self._entries), self._path)
+
+    def has(self, path: str) -> bool:
+        name = storage.basename(path)
+        return name in self._entries and self._entries[name] == _saved_at(path)
+
+    def add(self, paths: list[str], *, keep: list[str]) -> None:
+        if self._path is None:
+            return
+        names = {storage.basename(p) for p in keep}  # a deleted checkpoint will not come back
+        self._entries = {k: v for k, v in self._entries.items() if k in names}
+        self._entries.update((storage.basename(p), _saved_at(p)) for p in paths)
+        storage.makedirs(storage.dirname(self._path))
+        storage.write_atomic(self._path, json.dumps({"checkpoints": self._entries}, indent=1, sort_keys=True))
+
+
+def _saved_at(path: str) -> float | None:
+    metadata = layout.read_metadata(path)
+    return metadata.saved_at if metadata is not None else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shlex
 import subprocess
@@ -117,7 +118,7 @@ def test_compose_has_one_service_per_task_sharing_the_runs_volume():
     for name, service in document["services"].items():
         assert service["hostname"] == name
         assert service["image"] == manifests.DEFAULT_IMAGE
-        assert service["build"] == {"context": "..", "dockerfile": "docker/Dockerfile"}
+        assert service["build"] == {"context": ".", "dockerfile": "docker/Dockerfile"}  # printed: saved in the root
         assert service["command"] == shlex.split(manifests.DEFAULT_COMMAND)
         assert service["volumes"] == ["runs:/runs"]
         spec = parse_tf_config(service["environment"]["TF_CONFIG"])
@@ -132,6 +133,42 @@ def test_compose_command_and_image_come_from_the_flags():
     for service in document["services"].values():
         assert service["image"] == "registry.example/tfdist:1.0"
         assert service["command"] == ["tfdist", "train", "--epochs", "3", "--note", "a b"]
+
+
+@pytest.mark.parametrize("image", ["tfdist", "tfdist:2.21.0-rc1", "gcr.io/my-project/team/tfdist:1.0",
+                                   "localhost:5000/tfdist", "registry:5000/a__b/c--d.e@sha256:" + "a" * 64,
+                                   "[::1]:5000/tfdist:x"])
+def test_image_references_docker_accepts_are_accepted(image):
+    description = JobDescription.from_flags(workers="a:2222", image=image)
+    for service in yaml.safe_load(manifests.render(description, format="compose"))["services"].values():
+        assert service["image"] == image
+
+
+@pytest.mark.parametrize("output, context", [(None, "."), ("compose.yaml", "."), ("docker/compose.yaml", ".."),
+                                             ("deploy/jobs/c.yaml", "../..")])
+def test_the_compose_build_context_is_the_folder_the_command_ran_in_seen_from_the_file(output, context):
+    description = JobDescription.from_flags(workers="a:2222")
+    document = yaml.safe_load(manifests.render(description, format="compose", output=output))
+    for service in document["services"].values():
+        assert service["build"] == {"context": context, "dockerfile": "docker/Dockerfile"}
+
+
+def test_a_compose_file_written_elsewhere_builds_from_the_folder_the_command_ran_in(tmp_path, monkeypatch, capsys):
+    root, elsewhere = tmp_path / "repo", tmp_path / "out"
+    (root / "docker").mkdir(parents=True)
+    (root / "docker" / "Dockerfile").write_text("FROM scratch\n")
+    elsewhere.mkdir()
+    monkeypatch.chdir(root)
+    output = elsewhere / "c.yaml"
+    assert main(["cluster", "--workers", "a:2222", "--format", "compose", "--output", str(output)]) == 0
+    assert capsys.readouterr().err == ""
+    for service in yaml.safe_load(output.read_text())["services"].values():
+        context = os.path.normpath(os.path.join(elsewhere, service["build"]["context"]))
+        assert os.path.isfile(os.path.join(context, service["build"]["dockerfile"]))
+    monkeypatch.chdir(elsewhere)  # no docker/Dockerfile here: said, not refused
+    assert main(["cluster", "--workers", "a:2222", "--format", "compose"]) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "docker/Dockerfile" in err and str(elsewhere) in err
 
 
 @pytest.mark.parametrize("path", sorted(COMPOSE_FILES))
@@ -261,6 +298,9 @@ def test_cli_prints_the_rendered_document(format, capsys):
         (["--workers", "h:70000"], ["--workers", "'h:70000'", "between 1 and 65535"]),
         (["--workers", "h:1", "--name", "My_Job"], ["--name", "'My_Job'", "lowercase"]),
         (["--workers", "h:1,h:2", "--format", "tfjob"], ["--workers", "'h:1,h:2'", "same port"]),
+        *((["--workers", "h:1", f"--image={image}"], ["--image", repr(image), "[registry/]repository[:tag]"])
+          for image in ("UPPER/img:1", "Tfdist:latest", "img:", "img::1", "img:tag:tag", "img:tag!", "img:$(rm)",
+                        "img@sha256:xyz", "-img", "img/", "a b", "")),
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag_the_value_and_the_fix(argv, fragments, capsys):

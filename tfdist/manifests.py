@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
 from typing import Any, Iterator
@@ -28,6 +29,7 @@ from tfdist.cluster import ADDRESS, CHIEF, EVALUATOR, PS, ROLES, WORKER, Cluster
 
 FORMATS = ("env", "json", "compose", "k8s", "tfjob")
 DEFAULT_IMAGE = "tfdist:latest"
+DOCKERFILE = "docker/Dockerfile"  # relative to the repository root
 DEFAULT_COMMAND = "tfdist train --output-dir /runs --summary-json /runs/summary.json"
 DEFAULT_NAME = "tfdist"
 DEFAULT_NAMESPACE = "default"
@@ -46,6 +48,16 @@ _TFJOB_CONTAINER, _TFJOB_PORT = "tensorflow", "tfjob-port"
 _RFC1035_LABEL = r"[a-z]([-a-z0-9]*[a-z0-9])?"  # job names: Kubeflow and pod hostnames need it
 _RFC1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"  # namespaces
 _MAX_LABEL = 63
+# An image reference as Docker and Kubernetes parse it (github.com/distribution/reference):
+# [registry/]path[:tag][@digest]. The registry is named only when the first part looks like a
+# host (a '.', a port, or localhost); the path is lowercase.
+_IMAGE_HOST_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_IMAGE_REGISTRY = (rf"(?:{_IMAGE_HOST_PART}(?:\.{_IMAGE_HOST_PART})+(?::[0-9]+)?|{_IMAGE_HOST_PART}:[0-9]+"
+                   rf"|localhost|\[[0-9a-fA-F:]+\](?::[0-9]+)?)")
+_IMAGE_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE = (rf"(?:{_IMAGE_REGISTRY}/)?{_IMAGE_PATH_PART}(?:/{_IMAGE_PATH_PART})*"
+                    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+_MAX_IMAGE_NAME = 255
 
 
 def split_addresses(raw: str | None, *, flag: str) -> tuple[str, ...]:
@@ -134,8 +146,12 @@ class JobDescription:
             seen[address] = f"{role}:{index}"
 
     def _check_deployment(self) -> None:
-        if not self.image or any(c.isspace() for c in self.image):
-            raise config_error(_WHERE, "--image", self.image, "name an image without spaces, e.g. tfdist:latest.")
+        if not _is_image(self.image):
+            raise config_error(
+                _WHERE, "--image", self.image,
+                "name an image as [registry/]repository[:tag][@sha256:digest], the repository in "
+                "lowercase letters, digits and . _ -, e.g. tfdist:latest or gcr.io/my-project/tfdist:1.0.",
+            )
         try:
             argv = shlex.split(self.command)
         except ValueError as e:
@@ -187,6 +203,14 @@ def service_name(role: str, index: int) -> str:
 
 def _pod_name(name: str, role: str, index: int) -> str:
     return f"{name}-{role}-{index}"  # Kubeflow's naming, used for the plain pods too
+
+
+def _is_image(value: Any) -> bool:
+    if not _is_label(value, _IMAGE_REFERENCE):
+        return False
+    name = value.split("@", 1)[0]
+    tag = re.search(r":[^/]*$", name)  # after the last '/': a registry's port comes before it
+    return len(name[: tag.start()] if tag else name) <= _MAX_IMAGE_NAME
 
 
 def _is_label(value: Any, pattern: str) -> bool:
@@ -306,7 +330,7 @@ def _compose(description: JobDescription, *, output: str | None) -> str:
     for config in tf_configs(description, format="compose").values():
         name = service_name(config["task"]["type"], config["task"]["index"])
         services[name] = {
-            "build": {"context": "..", "dockerfile": "docker/Dockerfile"},
+            "build": {"context": _build_context(output), "dockerfile": DOCKERFILE},
             "image": description.image,
             "hostname": name,
             "command": _argv(description),
@@ -314,9 +338,21 @@ def _compose(description: JobDescription, *, output: str | None) -> str:
             "volumes": [f"{RUNS_VOLUME}:{RUNS_MOUNT}"],
         }
     document = {"name": description.name, "services": services, "volumes": {RUNS_VOLUME: {}}}
-    start = f"docker compose -f {output or '<this file>'} up --build"
-    note = f"# Builds docker/Dockerfile with the repository root as context. Start from the root: {start}\n"
+    if output is None:
+        note = (f"# Save this file in the repository root (the folder holding {DOCKERFILE}), its build context,\n"
+                "# and start it there: docker compose -f <this file> up --build\n")
+    else:
+        note = (f"# Builds {DOCKERFILE} with the folder `tfdist cluster` ran in (the repository root) as context.\n"
+                f"# Start from there: docker compose -f {output} up --build\n")
     return note + _yaml(document)
+
+
+def _build_context(output: str | None) -> str:
+    """The folder ``tfdist cluster`` runs in (the repository root), relative to the folder of
+    the compose file ``output`` (stdout: the file is to be saved there), as compose reads it."""
+    if output is None:
+        return "."
+    return os.path.relpath(".", os.path.dirname(output) or ".").replace(os.sep, "/")
 
 
 def _labels(description: JobDescription, role: str | None = None, index: int | None = None) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tfdist import manifests
@@ -58,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
         namespace=args.namespace,
     )
     text = manifests.render(description, format=args.format, output=args.output)
+    if args.format == "compose" and not os.path.isfile(manifests.DOCKERFILE):
+        sys.stderr.write(
+            f"tfdist: warning: no {manifests.DOCKERFILE} in {os.getcwd()}, which the compose file builds from. "
+            "Run tfdist cluster in the repository root (the folder that holds docker/Dockerfile).\n"
+        )
     if args.output is None:
         sys.stdout.write(text)
         return 0

@@ -112,6 +112,33 @@ def test_list_reports_files_the_state_file_does_not_name_as_incomplete(copy, cap
     assert code == 0 and "incomplete" in out and "ckpt-10" in out and "ckpt-2 " in out
 
 
+def test_list_json_names_each_entrys_files_and_a_replaced_checkpoint_by_a_pattern_of_them(copy, capsys):
+    import glob
+
+    for name in os.listdir(copy):  # an earlier ckpt-6 moved aside before the same step was saved again
+        if name.startswith("ckpt-6."):
+            shutil.copy(os.path.join(copy, name), os.path.join(copy, name + ".replaced-20261125-000000"))
+    code, entries = cli_json(capsys, "list", copy)
+    assert code == 0
+    for entry in entries:
+        assert entry["files"] and all(os.path.isfile(f) for f in entry["files"])
+    (replaced,) = [e for e in entries if not e["listed"]]
+    assert "moved aside" in replaced["problem"]
+    assert sorted(glob.glob(replaced["path"])) == sorted(replaced["files"])
+    assert all(f.endswith(".replaced-20261125-000000") for f in replaced["files"])
+    code, out, _ = cli(capsys, "list", copy)
+    assert code == 0 and "ckpt-6.*.replaced-20261125-000000" in out
+
+
+@pytest.mark.parametrize("name", ["ckpt-6", "ckpt-6.index", "ckpt-6.data-00000-of-00001"])
+def test_list_given_a_checkpoint_says_to_list_its_directory_or_inspect_it(run_dir, capsys, name):
+    code, out, err = cli(capsys, "list", os.path.join(run_dir, name))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "takes a checkpoint directory" in err
+    assert f"tfdist ckpt list {os.path.abspath(run_dir)}" in err
+    assert f"tfdist ckpt inspect {os.path.join(os.path.abspath(run_dir), 'ckpt-6')}" in err
+
+
 def test_list_names_the_run_that_writes_the_directory(copy, capsys):
     from tfdist.checkpoint import ownership
 
@@ -175,6 +202,40 @@ def test_verify_all_good_checkpoints_exits_0(run_dir, capsys):
     assert all(r["ok"] and r["problem"] is None for r in results)
     code, out, _ = cli(capsys, "verify", run_dir)
     assert code == 0 and out.startswith("OK") and "ckpt-8" in out and "ckpt-6" not in out
+
+
+def test_verify_json_notes_the_incomplete_files_as_not_verified(copy, capsys):
+    os.mkdir(os.path.join(copy, "ckpt-10_temp"))  # a save in flight: noted, and not a failure
+    code, results = cli_json(capsys, "verify", copy)
+    assert code == 0
+    assert [(os.path.basename(r["path"]), r["ok"], r["verified"]) for r in results] == [
+        ("ckpt-8", True, True), ("ckpt-10", None, False)]
+    assert "in flight" in results[-1]["problem"]
+
+
+def test_inspect_counts_keras_3_weights_in_the_model_group_though_saved_under_the_optimizer(tmp_path, capsys):
+    import keras
+
+    import tfdist
+
+    def build():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 8)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+    tfdist.fit(build, (x, y), epochs=1, batch_size=32, checkpoint_dir=str(tmp_path), seed=0, verbose=0)
+    code, info = cli_json(capsys, "inspect", str(tmp_path))
+    assert code == 0
+    assert any(v["name"].startswith("optimizer/_trainable_variables/") for v in info["variables"])  # how it saves
+    groups = info["summary"]["groups"]
+    weights = 8 * 4 + 4 + 4 * 4 + 4 * 1 + 1  # Dense, BatchNormalization (gamma, beta, mean, variance), Dense
+    assert groups["model"]["parameters"] == weights
+    trainable = weights - 2 * 4  # Adam keeps two slots per trainable weight, plus its step and rate
+    assert groups["optimizer"]["parameters"] == 2 * trainable + 2
+    assert {v["group"] for v in info["variables"] if v["name"].startswith("optimizer/_trainable")} == {"model"}
 
 
 @pytest.fixture(params=["index-parsed", "tensorflow-only"])

@@ -46,7 +46,8 @@ class CheckpointInfo:
     files: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "files"}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dict(fields, files=list(self.files))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Verification:
     bytes_read: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "ok": self.ok, "problem": self.problem}
+        return {"path": self.path, "ok": self.ok, "problem": self.problem, "verified": True}
 
 
 # --- finding checkpoints -------------------------------------------------------------------
@@ -78,16 +79,26 @@ def _leftovers_exist(directory: str) -> bool:
     return storage.isdir(directory) and any(layout.parse_file_name(n) for n in storage.listdir(directory))
 
 
-def _check_directory(directory: str) -> None:
+def _check_directory(directory: str, *, prefixes: bool = True) -> None:
+    """``prefixes``: whether the command also takes a checkpoint prefix (inspect, verify; not list)."""
+    if not prefixes:
+        prefix = layout.strip_file_suffix(directory)
+        if storage.exists(layout.index_path(prefix)) or (prefix != directory and storage.isfile(directory)):
+            parent = storage.dirname(prefix) or "."
+            raise CheckpointError(
+                f"`list` takes a checkpoint directory; received the checkpoint {directory!r}. "
+                f"Fix: list its directory (tfdist ckpt list {parent}), or look into it (tfdist ckpt inspect {prefix})."
+            )
     if not storage.exists(directory):
         raise CheckpointError(
             f"the checkpoint directory does not exist; received {directory!r}. "
             "Fix: pass the checkpoint_dir of a run (the folder holding the `checkpoint` state file) or its output directory."
         )
     if not storage.isdir(directory):
+        also = ", or a checkpoint prefix such as DIR/ckpt-8" if prefixes else ""
         raise CheckpointError(
             f"the checkpoint directory is not a directory; received {directory!r}. "
-            "Fix: pass the folder holding the `checkpoint` state file, or a checkpoint prefix such as DIR/ckpt-8."
+            f"Fix: pass the folder holding the `checkpoint` state file{also}."
         )
 
 
@@ -185,7 +196,7 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
             path = files[0] if len(files) == 1 else prefix
             problem = "temporary files of a save that is still in flight or was interrupted"
         elif kind.startswith("replaced-"):
-            path = f"{prefix} ({kind})"
+            path = f"{prefix}.*.{kind}"  # its files: ckpt-N.index.replaced-<stamp>, ...
             problem = f"an earlier {stem} moved aside (.{kind}) before the same step was saved again"
         else:
             path = prefix
@@ -210,7 +221,7 @@ def list_checkpoints(directory: str) -> list[CheckpointInfo]:
     CheckpointError when it is missing, is not a directory, or holds nothing that looks
     like a checkpoint."""
     directory = checkpoint_dir(directory)
-    _check_directory(directory)
+    _check_directory(directory, prefixes=False)
     listed = _listed_paths(directory)
     leftovers = _leftovers(directory, listed)
     if not listed and not leftovers:
@@ -318,6 +329,7 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
             f"cannot read the index of {prefix!r} ({describe(e)}); received a corrupt or "
             f"incomplete checkpoint. Fix: run `tfdist ckpt verify {storage.dirname(prefix) or '.'} --all`."
         ) from None
+    owners = _owners(checkpoint)
     variables, groups = [], {}
     for name in sorted(shapes):
         shape, dtype = list(shapes[name]), dtypes.get(name)
@@ -327,12 +339,13 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
             count *= dim
         params = count if numeric else 0
         size = params * dtype.size if numeric else 0
+        owner = owners.get(name, name.split("/", 1)[0])
         variables.append({
             "name": name, "shape": shape, "dtype": dtype.name if dtype is not None else None,
-            "parameters": params, "bytes": size,
+            "parameters": params, "bytes": size, "group": owner,
         })
         if name != layout.SERIALIZED_GRAPH:
-            group = groups.setdefault(name.split("/", 1)[0], {"count": 0, "parameters": 0, "bytes": 0})
+            group = groups.setdefault(owner, {"count": 0, "parameters": 0, "bytes": 0})
             group["count"] += 1
             group["parameters"] += params
             group["bytes"] += size
@@ -353,6 +366,38 @@ def inspect_checkpoint(path: str) -> dict[str, Any]:
             "groups": groups,
         },
     }
+
+
+def _owners(checkpoint) -> dict[str, str]:
+    """Each saved tensor's top-level object (``model`` first, then the others in saved order).
+
+    A tensor is saved once, under the first path the object graph reaches it by, which need
+    not be its owner's: Keras 3's optimizer tracks the model's weights, and saves them as
+    ``optimizer/_trainable_variables/N``. The graph says who else reaches them. A walk from one
+    top-level object stops at the others (a Keras model tracks its optimizer), and an
+    optimizer's slots are its own. {} when the graph is unreadable."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    try:
+        graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+            checkpoint.get_tensor(layout.SERIALIZED_GRAPH))
+    except Exception:  # no graph (a TF1 checkpoint) or a damaged one: group by name
+        return {}
+    owners: dict[str, str] = {}
+    tops = sorted(graph.nodes[0].children, key=lambda child: child.local_name != layout.MODEL) if graph.nodes else []
+    for top in tops:
+        stack, seen = [top.node_id], {other.node_id for other in tops if other is not top}
+        while stack:
+            node_id = stack.pop()
+            if node_id in seen or node_id >= len(graph.nodes):
+                continue
+            seen.add(node_id)
+            node = graph.nodes[node_id]
+            for attribute in node.attributes:
+                owners.setdefault(attribute.checkpoint_key, top.local_name)
+            stack.extend(child.node_id for child in node.children)
+            stack.extend(slot.slot_variable_node_id for slot in node.slot_variables)
+    return owners
 
 
 # --- verifying -----------------------------------------------------------------------------

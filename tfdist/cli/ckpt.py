@@ -171,8 +171,9 @@ def run_verify(args: argparse.Namespace) -> int:
     from tfdist.planning.units import format_bytes
 
     results, leftovers = verify(args.path, every=args.every)
-    if args.json:
-        print(json.dumps([r.to_json() for r in results], indent=2))
+    if args.json:  # the incomplete files are noted, not verified: ok is unknown
+        notes = [{"path": e.path, "ok": None, "problem": e.problem, "verified": False} for e in leftovers]
+        print(json.dumps([r.to_json() for r in results] + notes, indent=2))
     else:
         for r in results:
             if r.ok:

@@ -318,7 +318,7 @@ def test_a_dataset_of_unknown_length_resumes_exactly(tmp_path):
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
 
 
-def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path):
+def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path, caplog):
     from tfdist.errors import CheckpointMismatchError
 
     _fit(tmp_path, epochs=1)
@@ -335,8 +335,14 @@ def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path):
                        match=r"data_fingerprint: checkpoint '\w+' \(arrays: 300 examples\), this run '\w+' \(arrays: 240 "):
         _fit(tmp_path, epochs=2, data=(_X[:240], _Y[:240]))
     assert _tree_digest(tmp_path) == before
-    changed = _fit(tmp_path, epochs=2, batch_size=30, allow_changes=True)  # deliberate change
-    assert changed.tfdist.start_step > 0
+    with caplog.at_level("INFO", logger="tfdist"):
+        changed = _fit(tmp_path, epochs=2, batch_size=30, allow_changes=True)  # deliberate change
+    assert changed.tfdist.start_step == 15 and changed.tfdist.global_step == 20
+    assert caplog.text.count("resuming despite changes") == 1
+    # 15 steps of 20 were one epoch; at 10 steps of 30 an epoch, step 15 is in the second: said, with the fix.
+    assert ("saved at 15 steps per epoch (global step 15: epoch 1, step 0), this run has 10. A run's position is "
+            "its global step, so it goes on at epoch 1, step 5, and epochs=2 ends at step 20; for N more epochs of "
+            "this run, pass epochs=2+N") in caplog.text
 
 
 def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_nothing(tmp_path, procs):

@@ -440,7 +440,8 @@ class Checkpointer:
         for path in reversed(paths):
             metadata = layout.read_metadata(path)
             try:
-                self._check_compatible(path, metadata)
+                if path != paths[-1]:  # the newest was checked above
+                    self._check_compatible(path, metadata)
                 status = self._restore_root.restore(path)
                 status.assert_existing_objects_matched()
                 # What the checkpoint has and this run does not -- per-replica values of another

@@ -395,6 +395,15 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         spe = plan.steps_per_epoch
         log.info("resuming from %s: global step %d (epoch %d, step %d of %d)", point.path, point.global_step,
                  point.global_step // spe, point.global_step % spe, spe)
+        saved_spe = point.metadata.run_value("steps_per_epoch")
+        if isinstance(saved_spe, int) and saved_spe != spe:  # allow_changes, e.g. another batch size
+            log.warning(
+                "the checkpoint was saved at %d steps per epoch (global step %d: epoch %d, step %d), this run has %d. "
+                "A run's position is its global step, so it goes on at epoch %d, step %d, and epochs=%d ends at step "
+                "%d; for N more epochs of this run, pass epochs=%d+N", saved_spe, point.global_step,
+                point.global_step // saved_spe, point.global_step % saved_spe, spe, point.global_step // spe,
+                point.global_step % spe, plan.epochs, plan.total_steps, -(-point.global_step // spe),
+            )
     return checkpointer, point
 
 

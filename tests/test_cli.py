@@ -276,6 +276,26 @@ def test_evaluate_reads_the_trained_model_file_and_scores_the_held_out_split_as_
         assert expected in err and "Fix:" in err, err
 
 
+def test_a_model_file_saved_without_compile_predicts_and_evaluate_says_how_to_compile_it(tmp_path, capsys):
+    import keras
+
+    from tfdist.cli import main
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.save(tmp_path / "bare.keras")
+    x = np.random.default_rng(0).random((9, 4)).astype(np.float32)
+    np.savez(tmp_path / "xy.npz", x=x, y=np.zeros(9, np.int64))
+    common = [str(tmp_path / "bare.keras"), "--data", str(tmp_path / "xy.npz"), "--verbose", "0"]
+    assert main(["predict", *common, "--output", str(tmp_path / "out.npy")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    capsys.readouterr()
+    assert main(["evaluate", *common]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "is not compiled" in last and "save the model compiled" in last
+    assert last.startswith("tfdist: error: ") and "builder" not in last
+
+
 def test_predict_writes_a_model_with_two_outputs_as_one_array_each_in_an_npz(tmp_path, capsys):
     import keras
 

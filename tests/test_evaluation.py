@@ -150,8 +150,12 @@ def test_defects_are_named_with_the_fix(trained):
     with pytest.raises(ModelError, match="must be a compiled Keras model"):
         tfdist.evaluate(object(), val.x, val.y)
     bare = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
-    with pytest.raises(ModelError, match="not compiled"):
+    with pytest.raises(ModelError, match="not compiled") as info:
         tfdist.evaluate(bare, val.x, val.y)
+    assert "before evaluate" in str(info.value) and "builder" not in str(info.value)
+    assert tfdist.predict(bare, val.x[:10]).shape == (10, 10)  # predicting needs no compile, as in Keras
+    with pytest.raises(ModelError, match="must be a Keras model.*to predict"):
+        tfdist.predict(object(), val.x)
     with pytest.raises(DataError, match=r"input takes examples of shape \(8, 8, 1\); received examples of shape "
                                         r"\(64,\)\. Fix: pass data shaped as"):
         tfdist.predict(history.model, val.x.reshape(len(val.x), 64))

@@ -71,8 +71,8 @@ def evaluate(
     """
     if y is not None:
         data = data_mod.with_labels(data, y)
-    run = _Inference.of(model, data, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
-                        verbose=verbose, cluster=cluster)
+    run = _Inference.of(model, data, use="evaluate", batch_size=batch_size,
+                        per_replica_batch_size=per_replica_batch_size, verbose=verbose, cluster=cluster)
     data_mod.check_labelled(run.source, use="evaluate")
     run.adapter.prepare_evaluation(model, sample=run.source.sample(run.sizes.micro_batch_size))  # e.g. just loaded
     callbacks = list(callbacks or ())
@@ -98,10 +98,10 @@ class _Inference:
     verbose: int
 
     @classmethod
-    def of(cls, model, data, *, batch_size, per_replica_batch_size, verbose, cluster) -> "_Inference":
+    def of(cls, model, data, *, use, batch_size, per_replica_batch_size, verbose, cluster) -> "_Inference":
         strategy = getattr(model, "distribute_strategy", None)  # every Keras model has one
-        adapter = adapter_for(model, strategy)
-        adapter.check(model)
+        adapter = adapter_for(model, strategy, use=use)
+        adapter.check(model, use=use)
         cluster = detect() if cluster is None else cluster
         sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
                                             per_replica_batch_size=per_replica_batch_size)
@@ -215,7 +215,7 @@ def predict(
     verbose: int | str = "auto",
     cluster: ClusterSpec | None = None,
 ) -> Any:
-    """The outputs of a compiled Keras 3 or tf_keras ``model`` for every example of ``x``, in
+    """The outputs of a Keras 3 or tf_keras ``model`` (compiled or not) for every example of ``x``, in
     order, as NumPy arrays (one array per output, as Keras' ``predict``), on every task.
 
     Like :func:`evaluate`, it runs under the strategy the model was built in, each replica on
@@ -236,8 +236,8 @@ def predict(
         x = data_mod.unlabelled(x)
     elif isinstance(x, str):  # no labels needed: e.g. a folder of images without class subfolders
         x = data_mod.load_to_predict(x, model_image_size=image_size_of(model))
-    run = _Inference.of(model, x, batch_size=batch_size, per_replica_batch_size=per_replica_batch_size,
-                        verbose=verbose, cluster=cluster)
+    run = _Inference.of(model, x, use="predict", batch_size=batch_size,
+                        per_replica_batch_size=per_replica_batch_size, verbose=verbose, cluster=cluster)
     source = run.source
     with run.own_errors():
         dataset, steps = run.input()

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist.errors import ModelError
+from tfdist.training import keras_common
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, defined_in, fresh_metrics,
                                           merged_history, model_fingerprint, warn_low_precision_outputs)
 
@@ -24,19 +25,20 @@ def is_tf_keras(obj: Any) -> bool:
     return defined_in(obj, "tf_keras")
 
 
-def check(model: Any) -> None:
-    """Refuses a tf_keras model tfdist cannot train: not a model, or not compiled."""
+def check(model: Any, *, use: str = "fit") -> None:
+    """Refuses a tf_keras model tfdist cannot ``use`` (fit, evaluate, predict): not a model, or
+    not compiled (predict needs no compile)."""
     import tf_keras
 
     if not isinstance(model, tf_keras.Model):
         raise ModelError(
-            f"the model must be a compiled Keras model; received {type(model).__module__}.{type(model).__name__}. "
-            "Fix: pass a function that builds and compiles a model, or a compiled model."
+            f"the model must be {'a' if use == 'predict' else 'a compiled'} Keras model; received "
+            f"{type(model).__module__}.{type(model).__name__}. Fix: {keras_common.model_fix(use)}"
         )
-    if model.optimizer is None or not getattr(model, "compiled_loss", None):
+    if use != "predict" and (model.optimizer is None or not getattr(model, "compiled_loss", None)):
         raise ModelError(
             f"the model {model.name!r} is not compiled; received a model without optimizer or loss. "
-            "Fix: call model.compile(optimizer=..., loss=..., metrics=...) in your builder."
+            f"Fix: {keras_common.compile_fix(use)}"
         )
 
 
@@ -241,8 +243,8 @@ class TfKeras:
     def __init__(self, strategy):
         self.strategy = strategy
 
-    def check(self, model) -> None:
-        check(model)
+    def check(self, model, *, use: str = "fit") -> None:
+        check(model, use=use)
 
     def in_scope(self, model):
         return in_scope(model, self.strategy)

@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from tfdist.errors import ModelError
+from tfdist.training import keras_common
 from tfdist.training.keras_common import (carry_weight_decay_exclusions, defined_in, fresh_metrics, merged_history,
                                           model_fingerprint, warn_low_precision_outputs)
 
@@ -36,9 +37,9 @@ def is_keras3(obj: Any) -> bool:
     return defined_in(obj, "keras")
 
 
-def check_model(model: Any) -> None:
-    """Refuses a Keras 3 model that tfdist cannot train: another backend than TensorFlow,
-    tf_keras layers inside it, or no ``compile``."""
+def check_model(model: Any, *, use: str = "fit") -> None:
+    """Refuses a Keras 3 model that tfdist cannot ``use`` (fit, evaluate, predict): another
+    backend than TensorFlow, tf_keras layers inside it, or no ``compile`` (predict needs none)."""
     import keras
 
     backend = keras.backend.backend()
@@ -49,8 +50,8 @@ def check_model(model: Any) -> None:
         )
     if not isinstance(model, keras.Model):
         raise ModelError(
-            f"the model must be a compiled keras.Model; received {type(model).__module__}.{type(model).__name__}. "
-            "Fix: pass a function that builds and compiles a Keras 3 model."
+            f"the model must be {'a' if use == 'predict' else 'a compiled'} keras.Model; received "
+            f"{type(model).__module__}.{type(model).__name__}. Fix: {keras_common.model_fix(use)}"
         )
     foreign = sorted({f"{name} ({type(value).__name__})" for name, value in _tf_keras_attributes(model)})
     if foreign:
@@ -59,10 +60,10 @@ def check_model(model: Any) -> None:
             f"received {', '.join(foreign)}. Fix: build every layer with Keras 3 (`import keras`), or the whole "
             "model with tf_keras."
         )
-    if not getattr(model, "compiled", False) or model.optimizer is None:
+    if use != "predict" and (not getattr(model, "compiled", False) or model.optimizer is None):
         raise ModelError(
             f"the model {model.name!r} is not compiled; received a model without optimizer. "
-            "Fix: call model.compile(optimizer=..., loss=..., metrics=...) in your builder."
+            f"Fix: {keras_common.compile_fix(use)}"
         )
 
 
@@ -456,8 +457,8 @@ class Keras3:
             self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         return self._coordinator
 
-    def check(self, model) -> None:
-        check_model(model)
+    def check(self, model, *, use: str = "fit") -> None:
+        check_model(model, use=use)
 
     def in_scope(self, model):
         return model if built_in(model, self.strategy) else rebuild_in_scope(model, self.strategy)

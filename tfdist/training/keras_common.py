@@ -1,6 +1,7 @@
 """What the two Keras adapters (``keras3``, ``keras2``) share: which package a model comes from,
 its structural fingerprint, the History of a whole run, the low-precision output warning, a
-cache of the last model's functions, what an optimizer's copy needs besides its config."""
+cache of the last model's functions, what an optimizer's copy needs besides its config, the fix
+for a model tfdist cannot use."""
 
 from __future__ import annotations
 
@@ -15,6 +16,21 @@ def defined_in(obj: Any, package: str) -> bool:
     """True if a class in ``obj``'s MRO comes from ``package`` (a user's subclass lives in
     the user's module, so its own ``__module__`` does not tell)."""
     return any(c.__module__ == package or c.__module__.startswith(package + ".") for c in type(obj).__mro__)
+
+
+def model_fix(use: str) -> str:
+    """The fix for something that is not a Keras model, given to ``use`` (fit, evaluate, predict)."""
+    if use == "fit":
+        return "pass a function that builds and compiles a model, or a compiled model."
+    return f"pass a Keras model: the one fit returned (history.model), or one loaded with load_model, to {use}."
+
+
+def compile_fix(use: str) -> str:
+    """The fix for a model without ``compile`` given to ``use`` (fit, evaluate)."""
+    if use == "fit":
+        return "call model.compile(optimizer=..., loss=..., metrics=...) in your builder."
+    return ("call model.compile(loss=..., metrics=...) before evaluate; for `tfdist evaluate FILE`, save the model "
+            "compiled (tfdist train and fit's model are), or load, compile and evaluate it in Python.")
 
 
 def keras_of(model: Any):

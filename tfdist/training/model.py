@@ -72,15 +72,17 @@ def precision_policy(precision: str):
             keras.mixed_precision.set_dtype_policy(previous)
 
 
-def adapter_for(model: Any, strategy, *, what: str = "model"):
-    """The adapter of ``model``: ``keras3.Keras3`` or ``keras2.TfKeras``."""
+def adapter_for(model: Any, strategy, *, what: str = "model", use: str = "fit"):
+    """The adapter of ``model``: ``keras3.Keras3`` or ``keras2.TfKeras``. ``what``: how to name
+    the model (``model returned by the builder function``); ``use``: fit, evaluate or predict."""
     if keras3.is_keras3(model):
         return keras3.Keras3(strategy)
     if keras2.is_tf_keras(model):
         return keras2.TfKeras(strategy)
+    fix = "return the compiled model from the function." if what != "model" else keras_common.model_fix(use)
     raise ModelError(
-        f"the {what} must be a compiled Keras model (Keras 3 or tf_keras); received "
-        f"{type(model).__module__}.{type(model).__name__}. Fix: return the compiled model from the function."
+        f"the {what} must be {'a' if use == 'predict' else 'a compiled'} Keras model (Keras 3 or tf_keras); "
+        f"received {type(model).__module__}.{type(model).__name__}. Fix: {fix}"
     )
 
 

@@ -73,13 +73,13 @@ def run_sidecar(
         step = metadata.global_step if metadata.global_step is not None else len(results)
         metrics = {key: float(value) for key, value in metrics.items()}
         results.append(dict(metrics, global_step=step))
-        record.add(fresh, keep=paths)  # the older ones skipped too
         log.info("evaluator: step %d: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
         if writer is not None:
             with writer.as_default(step=step):
                 for key, value in metrics.items():
                     tf.summary.scalar(f"eval/{key}", value)
             writer.flush()
+        record.add(fresh, keep=paths)  # once written; the older ones skipped too
         if metadata.complete:
             return results
 

@@ -208,6 +208,32 @@ def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted
     assert all(np.array_equal(a, b) for a, b in zip(best, complete.model.get_weights()))
 
 
+@pytest.mark.parametrize("keras_name", KERASES)
+def test_a_run_interrupted_after_early_stopping_decided_is_complete_when_started_again(tmp_path, keras_name):
+    # The stopping epoch's save is the run's last: a run preempted or killed after it (before its
+    # on_train_end) is complete, as the uninterrupted one, and does not train further epochs.
+    keras = __import__(keras_name)
+
+    class CrashAtTheEnd(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):  # after EarlyStopping decided; before tfdist's on_train_end
+            raise Crash("interrupted after the stopping epoch's save")
+
+    reference = _fit(keras_name, tmp_path / "ref", tmp_path / "ref.csv",
+                     callbacks=_callbacks(keras_name, tmp_path / "ref.csv"))
+    assert reference.epoch == [0, 1, 2, 3] and reference.tfdist.global_step == 44  # of 88: stopped early
+    with pytest.raises(Crash):
+        _fit(keras_name, tmp_path / "int", tmp_path / "int.csv",
+             callbacks=[*_callbacks(keras_name, tmp_path / "int.csv"), CrashAtTheEnd()])
+    again = _fit(keras_name, tmp_path / "int", tmp_path / "int.csv",
+                 callbacks=_callbacks(keras_name, tmp_path / "int.csv"))
+    assert again.tfdist.start_step == again.tfdist.global_step == 44
+    assert again.epoch == reference.epoch and again.history == reference.history
+    assert _rows(tmp_path / "int.csv") == _rows(tmp_path / "ref.csv")  # no row of an epoch 4
+    # EarlyStopping's best weights (epoch 0's), as the uninterrupted run returned them.
+    assert all(np.array_equal(a, b) for a, b in zip(reference.model.get_weights(), again.model.get_weights()))
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+
+
 @pytest.mark.parametrize("keras_name,legacy", [("keras", False), ("tf_keras", False), ("tf_keras", True)],
                          ids=["keras", "tf_keras", "tf_keras-legacy-optimizer"])
 def test_a_scheduler_relative_to_the_current_learning_rate_is_applied_once_to_the_epoch_a_run_resumes_in(

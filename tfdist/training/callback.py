@@ -68,7 +68,8 @@ class TrainingCallback(tf_keras.callbacks.Callback):
         self.controller.on_step_end(self.controller.epoch * self.controller.steps_per_epoch + batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.controller.on_epoch_end(epoch, tf_utils.sync_to_numpy_or_python_type(logs or {}))
+        self.controller.on_epoch_end(epoch, tf_utils.sync_to_numpy_or_python_type(logs or {}),
+                                     stopping=bool(self.model.stop_training))
 
     def on_train_end(self, logs=None):
         self.controller.on_train_end(stopped_early=bool(self.model.stop_training))

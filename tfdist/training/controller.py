@@ -149,10 +149,12 @@ class Controller:
             if preempt:
                 self._stop_preempted(step)
 
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
-        """``logs``: the epoch's metrics as Python numbers (scalars are recorded)."""
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any], *, stopping: bool = False) -> None:
+        """``logs``: the epoch's metrics as Python numbers (scalars are recorded). ``stopping``:
+        a callback ended the run here (EarlyStopping): this save is its last, and marks it complete,
+        so that a run interrupted before its end (preempted at this step, killed) does not train on."""
         self.history.append({k: float(v) for k, v in logs.items() if _is_scalar(v)})
-        complete = self.global_step >= self.total_steps
+        complete = self.global_step >= self.total_steps or stopping
         self.save(complete=complete)
         if self._preempt_at_epoch_end and not complete:
             self._stop_preempted(self.global_step)

@@ -431,7 +431,7 @@ class _ControllerHooks:
         self._controller.on_step_end(global_step)
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
-        self._controller.on_epoch_end(epoch, logs)
+        self._controller.on_epoch_end(epoch, logs, stopping=bool(self._model.stop_training))
 
     def on_train_end(self) -> None:
         self._controller.on_train_end(stopped_early=bool(self._model.stop_training))

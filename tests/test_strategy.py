@@ -121,6 +121,18 @@ def test_env_with_invalid_tf_config_exits_nonzero_with_one_line(procs):
     assert len(errors) == 1 and "task.index; received 5" in errors[0]
 
 
+def test_mirrored_and_central_storage_replicate_over_every_logical_cpu_by_default(procs):
+    script = (
+        "import json, tfdist\n"
+        "tfdist.split_cpu(2)\n"
+        "print(json.dumps({name: tfdist.make_strategy(name).num_replicas_in_sync\n"
+        "                  for name in ('mirrored', 'central_storage')}))\n"
+    )
+    code, out = procs.run([sys.executable, "-c", script], timeout=120, env=base_env())
+    assert code == 0, out[-3000:]
+    assert json.loads(out.strip().splitlines()[-1]) == {"mirrored": 2, "central_storage": 2}
+
+
 def test_help_does_not_import_tensorflow(procs):
     code, out = procs.run(
         [sys.executable, "-c", "import sys; from tfdist.cli import main\n"

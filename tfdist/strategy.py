@@ -330,7 +330,10 @@ def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
 def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
     import tensorflow as tf
 
-    devices = list(options.devices) if options.devices else None
+    # By default the local GPUs, else every logical CPU (split_cpu), as MirroredStrategy picks
+    # them; TensorFlow's own default for this strategy is the GPUs, else /cpu:0 alone.
+    default = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    devices = list(options.devices) if options.devices else [d.name for d in default]
     return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
 
 

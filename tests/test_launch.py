@@ -123,6 +123,7 @@ _PRINT_CONFIG = 'print("CONFIG", restart, os.environ["TF_CONFIG"])\n'
         ({"port_base": 65535, "workers": 2}, "--port-base"),
         ({"host": "bad host"}, "--host"),
         ({"grace": 0}, "--grace"),
+        ({"finish_timeout": -1}, "--finish-timeout"),
         ({"startup_timeout": -5}, "--startup-timeout"),
         ({"command": []}, "COMMAND"),
         ({"command": "python train.py"}, "COMMAND"),
@@ -250,13 +251,13 @@ def test_a_task_that_always_fails_gives_up_after_max_restarts(task_script, tmp_p
 
 
 @pytest.mark.timeout(30)
-def test_a_training_task_still_running_after_the_grace_that_follows_worker_0s_exit_is_a_failure(task_script,
-                                                                                                tmp_path):
+def test_a_training_task_still_running_after_the_finish_timeout_that_follows_worker_0s_exit_is_a_failure(
+        task_script, tmp_path):
     # worker:0 exits 0 at once (a script that returns early on one rank); worker:1 never finishes.
     command = task_script('record("attempt", restart)\nif index == 0:\n    sys.exit(0)\ntime.sleep(60)\n')
-    result, _, _ = _launch(command, workers=2, max_restarts=1, grace=0.5)
+    result, _, _ = _launch(command, workers=2, max_restarts=1, grace=0.5, finish_timeout=1.5)
     assert (result.exit_code, result.restarts) == (env.EXIT_FAILED, 1)
-    assert result.reason == ("worker:1 still running 0.5 s after worker:0 exited with code 0, stopped: not every "
+    assert result.reason == ("worker:1 still running 1.5 s after worker:0 exited with code 0, stopped: not every "
                              "training task finished")
     assert (tmp_path / "attempt-worker-1.log").read_text().split() == ["0", "1"]
 

@@ -40,6 +40,7 @@ log = logging.getLogger("tfdist.launch")
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_GRACE = 30.0
+DEFAULT_FINISH_TIMEOUT = 60.0
 
 _PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 _HOST = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a host name or IPv4 address, as cluster.py accepts
@@ -74,6 +75,10 @@ class LaunchOptions:
       startup_timeout: seconds each task waits for its peers (sets TFDIST_STARTUP_TIMEOUT);
         None keeps the inherited value or the default.
       grace: seconds between SIGTERM and SIGKILL when tasks are stopped.
+      finish_timeout: seconds the other training tasks have to exit after the one whose exit
+        decides the job (the chief, else worker 0) exited 0; one still running then is stopped,
+        and that is a failure. Longer than ``grace``: a busy machine takes a while to tear
+        TensorFlow down, and a needless restart of a finished run only reports it complete.
     """
 
     command: Sequence[str]
@@ -86,6 +91,7 @@ class LaunchOptions:
     host: str = DEFAULT_HOST
     startup_timeout: float | None = None
     grace: float = DEFAULT_GRACE
+    finish_timeout: float = DEFAULT_FINISH_TIMEOUT
 
     def __post_init__(self):
         command = self.command
@@ -124,6 +130,8 @@ class LaunchOptions:
         if self.startup_timeout is not None:
             _fix_seconds("--startup-timeout", self.startup_timeout, fix="pass e.g. --startup-timeout 60.")
         _fix_seconds("--grace", self.grace, fix=f"pass e.g. --grace {DEFAULT_GRACE:g}.")
+        _fix_seconds("--finish-timeout", self.finish_timeout,
+                     fix=f"pass e.g. --finish-timeout {DEFAULT_FINISH_TIMEOUT:g}.")
 
     @property
     def has_chief(self) -> bool:
@@ -354,12 +362,12 @@ class Launcher:
                 return _Outcome("success", env.EXIT_OK, "every training task exited with code 0")
             if result_task.returncode == 0:
                 if finish_deadline is None:
-                    finish_deadline = time.monotonic() + self.options.grace
+                    finish_deadline = time.monotonic() + self.options.finish_timeout
                 elif time.monotonic() > finish_deadline:  # a task that did not finish did not succeed
                     late = ", ".join(t.name for t in training if t.running)
                     return _Outcome("failure", env.EXIT_FAILED,
-                                    f"{late} still running {self.options.grace:g} s after {result_task.name} exited "
-                                    "with code 0, stopped: not every training task finished")
+                                    f"{late} still running {self.options.finish_timeout:g} s after {result_task.name} "
+                                    "exited with code 0, stopped: not every training task finished")
             time.sleep(_POLL_S)
 
     def _supervise_parameter_server(self) -> _Outcome:

@@ -29,6 +29,7 @@ def register(subparsers) -> None:
         "launch",
         usage="tfdist launch --workers N [--ps M] [--chief] [--evaluator] [--max-restarts K]\n"
         "                     [--port-base P] [--host HOST] [--startup-timeout S] [--grace S]\n"
+        "                     [--finish-timeout S]\n"
         "                     -- COMMAND [ARGS...]",
         help="run a command as every task of a local cluster (TF_CONFIG, free ports, restarts)",
         description="Starts the tasks of a cluster on this machine, each running COMMAND with its own "
@@ -59,6 +60,11 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--grace", metavar="S", default="30",
         help="seconds between SIGTERM and SIGKILL when tasks are stopped (default 30)",
+    )
+    parser.add_argument(
+        "--finish-timeout", metavar="S", default="60",
+        help="seconds the other training tasks have to exit after the chief (else worker 0) exited 0; one still "
+        "running then is stopped, and that is a failure (default 60)",
     )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
@@ -100,6 +106,7 @@ def options_from_args(args: argparse.Namespace):
         host=args.host,
         startup_timeout=_number("--startup-timeout", args.startup_timeout, float, "60"),
         grace=_number("--grace", args.grace, float, "30"),
+        finish_timeout=_number("--finish-timeout", args.finish_timeout, float, "60"),
     )
 
 

@@ -94,7 +94,7 @@ class _Record:
             return
         try:
             raw = json.loads(storage.read_text(self._path))
-            self._entries = {str(k): v for k, v in raw["checkpoints"].items()}
+            self._entries = {str(k): v for k, v in raw["evaluated"].items()}
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -113,7 +113,7 @@ class _Record:
         self._entries = {k: v for k, v in self._entries.items() if k in names}
         self._entries.update((storage.basename(p), _saved_at(p)) for p in paths)
         storage.makedirs(storage.dirname(self._path))
-        storage.write_atomic(self._path, json.dumps({"checkpoints": self._entries}, indent=1, sort_keys=True))
+        storage.write_atomic(self._path, json.dumps({"evaluated": self._entries}, indent=1, sort_keys=True))
 
 
 def _saved_at(path: str) -> float | None:

@@ -31,10 +31,7 @@ def check(model: Any, *, use: str = "fit") -> None:
     import tf_keras
 
     if not isinstance(model, tf_keras.Model):
-        raise ModelError(
-            f"the model must be {'a' if use == 'predict' else 'a compiled'} Keras model; received "
-            f"{type(model).__module__}.{type(model).__name__}. Fix: {keras_common.model_fix(use)}"
-        )
+        raise keras_common.not_a_model(model, use=use)
     if use != "predict" and (model.optimizer is None or not getattr(model, "compiled_loss", None)):
         raise ModelError(
             f"the model {model.name!r} is not compiled; received a model without optimizer or loss. "

@@ -49,10 +49,7 @@ def check_model(model: Any, *, use: str = "fit") -> None:
             "Fix: set KERAS_BACKEND=tensorflow before Keras is imported."
         )
     if not isinstance(model, keras.Model):
-        raise ModelError(
-            f"the model must be {'a' if use == 'predict' else 'a compiled'} keras.Model; received "
-            f"{type(model).__module__}.{type(model).__name__}. Fix: {keras_common.model_fix(use)}"
-        )
+        raise keras_common.not_a_model(model, use=use, kind="keras.Model")
     foreign = sorted({f"{name} ({type(value).__name__})" for name, value in _tf_keras_attributes(model)})
     if foreign:
         raise ModelError(

@@ -9,6 +9,8 @@ import hashlib
 import logging
 from typing import Any
 
+from tfdist.errors import ModelError
+
 log = logging.getLogger("tfdist")
 
 
@@ -18,11 +20,18 @@ def defined_in(obj: Any, package: str) -> bool:
     return any(c.__module__ == package or c.__module__.startswith(package + ".") for c in type(obj).__mro__)
 
 
-def model_fix(use: str) -> str:
-    """The fix for something that is not a Keras model, given to ``use`` (fit, evaluate, predict)."""
-    if use == "fit":
-        return "pass a function that builds and compiles a model, or a compiled model."
-    return f"pass a Keras model: the one fit returned (history.model), or one loaded with load_model, to {use}."
+def not_a_model(obj: Any, *, use: str, kind: str = "Keras model", what: str = "model") -> ModelError:
+    """The error for ``obj``, given to ``use`` (fit, evaluate, predict) where a ``kind`` of model
+    belongs; ``what`` names it (``model returned by the builder function``: returning one fixes it)."""
+    compiled = "a" if use == "predict" else "a compiled"
+    if what != "model":
+        fix = "return the compiled model from the function."
+    elif use == "fit":
+        fix = "pass a function that builds and compiles a model, or a compiled model."
+    else:
+        fix = f"pass a Keras model: the one fit returned (history.model), or one loaded with load_model, to {use}."
+    return ModelError(f"the {what} must be {compiled} {kind}; received {type(obj).__module__}.{type(obj).__name__}. "
+                      f"Fix: {fix}")
 
 
 def compile_fix(use: str) -> str:

@@ -79,11 +79,7 @@ def adapter_for(model: Any, strategy, *, what: str = "model", use: str = "fit"):
         return keras3.Keras3(strategy)
     if keras2.is_tf_keras(model):
         return keras2.TfKeras(strategy)
-    fix = "return the compiled model from the function." if what != "model" else keras_common.model_fix(use)
-    raise ModelError(
-        f"the {what} must be {'a' if use == 'predict' else 'a compiled'} Keras model (Keras 3 or tf_keras); "
-        f"received {type(model).__module__}.{type(model).__name__}. Fix: {fix}"
-    )
+    raise keras_common.not_a_model(model, use=use, kind="Keras model (Keras 3 or tf_keras)", what=what)
 
 
 def resolve(model: Any, strategy, *, precision: str = "float32"):

@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist.errors import ModelError
-from tfdist.training import keras_common
-from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, defined_in, fresh_metrics,
-                                          merged_history, model_fingerprint, warn_low_precision_outputs)
+from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, compile_fix, defined_in,
+                                          fresh_metrics, merged_history, model_fingerprint, not_a_model,
+                                          warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -31,11 +31,11 @@ def check(model: Any, *, use: str = "fit") -> None:
     import tf_keras
 
     if not isinstance(model, tf_keras.Model):
-        raise keras_common.not_a_model(model, use=use)
+        raise not_a_model(model, use=use)
     if use != "predict" and (model.optimizer is None or not getattr(model, "compiled_loss", None)):
         raise ModelError(
             f"the model {model.name!r} is not compiled; received a model without optimizer or loss. "
-            f"Fix: {keras_common.compile_fix(use)}"
+            f"Fix: {compile_fix(use)}"
         )
 
 

@@ -22,9 +22,8 @@ import logging
 from typing import Any
 
 from tfdist.errors import ModelError
-from tfdist.training import keras_common
-from tfdist.training.keras_common import (carry_weight_decay_exclusions, defined_in, fresh_metrics, merged_history,
-                                          model_fingerprint, warn_low_precision_outputs)
+from tfdist.training.keras_common import (carry_weight_decay_exclusions, compile_fix, defined_in, fresh_metrics,
+                                          merged_history, model_fingerprint, not_a_model, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -49,7 +48,7 @@ def check_model(model: Any, *, use: str = "fit") -> None:
             "Fix: set KERAS_BACKEND=tensorflow before Keras is imported."
         )
     if not isinstance(model, keras.Model):
-        raise keras_common.not_a_model(model, use=use, kind="keras.Model")
+        raise not_a_model(model, use=use, kind="keras.Model")
     foreign = sorted({f"{name} ({type(value).__name__})" for name, value in _tf_keras_attributes(model)})
     if foreign:
         raise ModelError(
@@ -60,7 +59,7 @@ def check_model(model: Any, *, use: str = "fit") -> None:
     if use != "predict" and (not getattr(model, "compiled", False) or model.optimizer is None):
         raise ModelError(
             f"the model {model.name!r} is not compiled; received a model without optimizer. "
-            f"Fix: {keras_common.compile_fix(use)}"
+            f"Fix: {compile_fix(use)}"
         )
 
 

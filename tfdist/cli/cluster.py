@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "compose" and not os.path.isfile(manifests.DOCKERFILE):
         sys.stderr.write(
             f"tfdist: warning: no {manifests.DOCKERFILE} in {os.getcwd()}, which the compose file builds from. "
-            "Run tfdist cluster in the repository root (the folder that holds docker/Dockerfile).\n"
+            f"Run tfdist cluster in the repository root (the folder that holds {manifests.DOCKERFILE}).\n"
         )
     if args.output is None:
         sys.stdout.write(text)

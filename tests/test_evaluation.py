@@ -205,12 +205,13 @@ _REPLICAS = textwrap.dedent(
                 "last": {key: history.history[f"val_{key}"][-1] for key in ("loss", "accuracy")},
                 "evaluated": tfdist.evaluate(loaded, val.x, val.y, batch_size=64, verbose=0)}
         # One example, a model's first evaluation: the second replica's part is empty.
-        with tfdist.make_strategy("mirrored", devices=devices).scope():
-            loaded = __import__(keras_name).models.load_model(path)
-        results[f"{keras_name} loaded mirrored"].update(
-            one_example=tfdist.evaluate(loaded, val.x[:1], val.y[:1], verbose=0),
-            one_example_loss=float(__import__(keras_name).losses.SparseCategoricalCrossentropy(from_logits=True)(
-                val.y[:1], tfdist.predict(history.model, val.x[:1], verbose=0))))
+        one_example_loss = float(__import__(keras_name).losses.SparseCategoricalCrossentropy(from_logits=True)(
+            val.y[:1], tfdist.predict(history.model, val.x[:1], verbose=0)))
+        for strategy in ("mirrored", "central_storage"):
+            with tfdist.make_strategy(strategy, devices=devices).scope():
+                loaded = __import__(keras_name).models.load_model(path)
+            results[f"{keras_name} loaded {strategy}"].update(
+                one_example=tfdist.evaluate(loaded, val.x[:1], val.y[:1], verbose=0), one_example_loss=one_example_loss)
     print("RESULT " + json.dumps(results))
     """
 )
@@ -225,8 +226,7 @@ def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part_also
     for name, result in loaded.items():  # one set of weights and statistics: any split of the examples agrees
         assert result["evaluated"]["accuracy"] == result["last"]["accuracy"], name
         assert result["evaluated"]["loss"] == pytest.approx(result["last"]["loss"], rel=1e-6), name
-        if "mirrored" in name:
-            assert result["one_example"]["loss"] == pytest.approx(result["one_example_loss"], rel=1e-5), name
+        assert result["one_example"]["loss"] == pytest.approx(result["one_example_loss"], rel=1e-5), name
     for name, result in results.items():
         assert result["replicas"] == 2, name
         assert result["same_batch"] == result["last"], name

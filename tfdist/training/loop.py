@@ -80,22 +80,36 @@ def _reducer(strategy, metric_names: frozenset):
 
 
 def _skipping_empty_batches(model, strategy):
-    """The model's ``test_step``; Keras' own skips a replica's empty batch (fewer examples than
-    replicas): Keras 3's loss of no examples is 0/0, NaN, and its loss tracker's sum would make
-    the whole evaluation's loss NaN. Under mirrored and multi_worker_mirrored, where each
-    replica's metrics are its own (under central storage a metric update is a cross-replica
-    call, which a condition cannot hold). A user's own ``test_step`` runs as written."""
+    """The model's ``test_step``; Keras' own copes with a replica's empty batch (fewer examples
+    than replicas). Keras 3's loss of a batch whose static shape is ``(0,)`` is left unreduced,
+    and its mean in the loss tracker is 0/0, NaN, which makes the whole evaluation's loss NaN.
+    Under mirrored and multi_worker_mirrored, where each replica's metrics are its own, a
+    replica skips an empty batch. Under central storage a metric update is a cross-replica
+    call, which a condition cannot hold: there the batch's size is made unknown to the trace
+    (the first trace has the first batch's shapes), so the loss of no examples is Keras'
+    ``divide_no_nan``'s 0, weighted by 0. A user's own ``test_step`` runs as written."""
     import tensorflow as tf
 
     test_step = model.test_step
-    if type(model).test_step.__module__.split(".")[0] != "keras" or _kind(strategy) != "replicated":
+    if type(model).test_step.__module__.split(".")[0] != "keras":
         return test_step
+    if _kind(strategy) != "replicated":
+        return lambda data: test_step(tf.nest.map_structure(_any_batch_size, data))
 
     def step(data):
         examples = tf.shape(tf.nest.flatten(data)[0])[0]
         return tf.cond(examples > 0, lambda: test_step(data), model.get_metrics_result)
 
     return step
+
+
+def _any_batch_size(value):
+    """``value`` with its first dimension unknown to the trace (a dense tensor of rank >= 1), else as it is."""
+    import tensorflow as tf
+
+    if not isinstance(value, tf.Tensor) or value.shape.rank in (None, 0) or value.shape[0] is None:
+        return value
+    return tf.compat.v1.placeholder_with_default(value, [None, *value.shape[1:]])
 
 
 class _Functions:

@@ -26,9 +26,18 @@ def test_info_lines_reach_stderr_while_a_public_call_runs_when_nothing_else_woul
     assert fit() == "auto" and fit.__name__ == "fit"
     assert capsys.readouterr().err == "tfdist: resuming from ckpt-40\n"
     assert fit(verbose=0) == 0 and capsys.readouterr().err == ""  # verbose=0: silent, as Keras' fit
-    assert logger.handlers == [] and logger.level == logging.NOTSET  # as it was
+    assert logger.handlers == [] and logger.level == logging.NOTSET and logger.propagate  # as it was
     logger.info("after the call")
     assert capsys.readouterr().err == ""
+
+
+def test_a_root_handler_added_while_a_public_call_runs_does_not_print_the_lines_twice(monkeypatch, capsys):
+    logger = _unconfigured(monkeypatch)
+    with _logs.shown("auto"):
+        logging.warning("a library's own line")  # on the root logger with no handler: adds one (basicConfig)
+        assert logging.getLogger().handlers
+        logger.warning("SIGTERM received")
+    assert capsys.readouterr().err.count("SIGTERM received") == 1
 
 
 def test_a_user_who_configured_logging_gets_the_lines_through_their_own_handlers_only(monkeypatch, capsys):

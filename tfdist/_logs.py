@@ -48,13 +48,16 @@ def setup(verbose: bool = True) -> None:
 @contextlib.contextmanager
 def shown(verbose: Any):
     """While the block runs, tfdist's INFO lines go to stderr if nothing else would show them (no
-    handler on the ``tfdist`` or the root logger) and ``verbose`` is not 0."""
+    handler on the ``tfdist`` or the root logger) and ``verbose`` is not 0. They go there only: a
+    root handler that appears meanwhile (a library's module-level ``logging.warning`` call adds
+    one) does not print them a second time."""
     logger = logging.getLogger(NAME)
     if verbose == 0 or logger.handlers or logging.getLogger().handlers:
         yield
         return
-    handler, level = _handler(), logger.level
+    handler, level, propagate = _handler(), logger.level, logger.propagate
     logger.addHandler(handler)
+    logger.propagate = False
     if level == logging.NOTSET:
         logger.setLevel(logging.INFO)
     try:
@@ -62,6 +65,7 @@ def shown(verbose: Any):
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def shows_logs(function: Callable) -> Callable:

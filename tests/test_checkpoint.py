@@ -451,6 +451,40 @@ def test_a_checkpoint_of_the_other_keras_is_refused_even_with_allow_changes(tmp_
     assert _tree_digest(tmp_path) == before
 
 
+
+def test_checkpoints_of_another_model_under_allow_changes_are_refused_as_such_not_as_corrupt(tmp_path, procs):
+    import tf_keras
+
+    import tfdist
+    from tfdist.errors import CheckpointMismatchError
+
+    def wider():
+        model = tf_keras.Sequential([tf_keras.Input((6,)), tf_keras.layers.Dense(24, activation="relu"),
+                                     tf_keras.layers.Dense(3)])
+        model.compile(tf_keras.optimizers.Adam(0.01), tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    _fit(tmp_path, epochs=1)  # keeps 9, 12 and 15
+    before = _tree_digest(tmp_path)
+    with pytest.raises(CheckpointMismatchError, match=r"hold other variables than this run's model and optimizer; "
+                                                      r"received 3 checkpoint\(s\) that do not match .*Fix: build the "
+                                                      r"model and optimizer the run was saved with"):
+        tfdist.fit(wider, (_X, _Y), epochs=2, batch_size=20, seed=2, strategy="one_device", verbose=0,
+                   checkpoint_dir=str(tmp_path), allow_changes=True)
+    assert _tree_digest(tmp_path) == before
+    # The command line: one line, exit 2 (tfdist launch does not restart it), nothing changed.
+    out_dir = tmp_path / "cli"
+    code, out = procs.tfdist("train", "--model", "linear", "--epochs", "1", "--steps-per-epoch", "4",
+                             "--save-every-steps", "2", "--output-dir", str(out_dir), timeout=120, env=base_env())
+    assert code == 0, out[-3000:]
+    before = _tree_digest(out_dir / "checkpoints")
+    code, out = procs.tfdist("train", "--model", "mlp", "--epochs", "2", "--steps-per-epoch", "4", "--allow-changes",
+                             "--output-dir", str(out_dir), timeout=120, env=base_env())
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    assert "hold other variables than this run's model and optimizer" in out and "corrupt" not in out, out[-3000:]
+    assert _tree_digest(out_dir / "checkpoints") == before
+
+
 def test_a_relative_checkpoint_dir_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _fit("relative", epochs=1)
@@ -878,6 +912,63 @@ def test_a_checkpoint_of_two_replicas_resumes_on_one_at_the_same_step_without_wa
     assert "saved by 2 replicas, this run has 1" in out
     noisy = [line for line in out.splitlines() if "could not be found" in line or "Unresolved object" in line]
     assert not noisy, noisy[:3]
+
+
+
+_REPLICA_COUNTS = textwrap.dedent(
+    """
+    import json, shutil, sys, tempfile
+    import numpy as np
+    import tensorflow as tf
+    import tfdist
+    devices = tfdist.split_cpu(3)
+    from test_evaluation import _builder
+
+    def fit(keras_name, replicas, epochs, directory):
+        strategy = dict(strategy="one_device") if replicas == 1 else dict(strategy="mirrored", devices=devices[:replicas])
+        return tfdist.fit(_builder(keras_name), "digits", epochs=epochs, batch_size=48, steps_per_epoch=6, seed=0,
+                          deterministic=True, checkpoint_dir=directory, save_every_steps=4, verbose=0, **strategy)
+
+    results = {}
+    for keras_name in ("keras", "tf_keras"):
+        # More replicas than wrote the checkpoint: 1 -> 2 -> 3, each run going on where the last stopped.
+        more = tempfile.mkdtemp()
+        steps = [fit(keras_name, replicas, epochs, more).tfdist for replicas, epochs in ((1, 1), (2, 2), (3, 3))]
+        results[keras_name + " more"] = [[s.num_replicas, s.start_step, s.global_step] for s in steps]
+        # A finished run of 2 replicas, started again on 3 and on 1: each replica starts from the mean of the
+        # saved replicas' BatchNormalization statistics (a checkpoint of Keras 3's holds the first replica's).
+        two = tempfile.mkdtemp()
+        fit(keras_name, 2, 1, two)
+        reader = tf.compat.v1.train.NewCheckpointReader(tf.train.latest_checkpoint(two))
+        saved = [reader.get_tensor(name) for name in sorted(reader.get_variable_to_shape_map())
+                 if name.startswith("replica_state/r2_v") and reader.get_tensor(name).dtype == np.float32]
+        for replicas in (3, 1):
+            copy = tempfile.mkdtemp()
+            shutil.copytree(two, copy, dirs_exist_ok=True)
+            model = fit(keras_name, replicas, 1, copy).model
+            statistics = [np.asarray(w) for w in model.non_trainable_weights if "moving" in w.name]
+            results[f"{keras_name} 2 -> {replicas}"] = {
+                "statistics": len(statistics),
+                "mean": [any(np.allclose(w, per.mean(axis=0), rtol=0, atol=1e-6) for per in saved) for w in statistics],
+                "first": [any(np.array_equal(w, per[0]) for per in saved) for w in statistics],
+                "replicas_differ": [bool(np.any(per[0] != per[1])) for per in saved],
+            }
+    print("RESULT " + json.dumps(results))
+    """
+)
+
+
+@pytest.mark.timeout(400)
+def test_a_checkpoint_resumes_on_more_or_fewer_replicas_from_the_mean_of_their_statistics(procs):
+    results = script_result(procs, _REPLICA_COUNTS, timeout=380)
+    for keras_name in ("keras", "tf_keras"):
+        # Each run resumes at the step the last one ended: a checkpoint without per-replica values, or with
+        # another replica count's, is not refused as unreadable.
+        assert results[keras_name + " more"] == [[1, 0, 6], [2, 6, 12], [3, 12, 18]], keras_name
+        for replicas in (3, 1):
+            result = results[f"{keras_name} 2 -> {replicas}"]
+            assert result["statistics"] == 2 and all(result["replicas_differ"]), result
+            assert all(result["mean"]) and not any(result["first"]), (keras_name, replicas, result)
 
 
 def _loss_scaled(keras_name: str):

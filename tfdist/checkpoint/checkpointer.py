@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, storage
 from tfdist.checkpoint import graph, layout, ownership
-from tfdist.checkpoint.replicas import ReplicaValues
+from tfdist.checkpoint.replicas import ReplicaValues, aggregate_saved
 from tfdist.errors import (
     CheckpointError, CheckpointIOError, CheckpointMismatchError, CheckpointTakenOverError, describe,
 )
@@ -122,6 +122,10 @@ class TrainingState:
       replica_state: distributed variables whose replicas hold their own values (e.g.
         BatchNormalization's moving statistics), metrics excluded; put back at restore.
       replica_metrics: the metrics' distributed variables; put back when the resumed epoch starts.
+      one_replica_saved: the variables of ``replica_state`` as they are under any strategy (in
+        its order), if a checkpoint saves each as one replica's value rather than as the
+        aggregate (Keras 3's BatchNormalization statistics): a run that cannot put each
+        replica's own value back (another replica count) sets them to the aggregate.
     """
 
     model: Any
@@ -130,6 +134,7 @@ class TrainingState:
     metrics: Mapping[str, Any]
     replica_state: Sequence[Any] = ()
     replica_metrics: Sequence[Any] = ()
+    one_replica_saved: Sequence[Any] = ()
 
 
 class Checkpointer:
@@ -165,17 +170,20 @@ class Checkpointer:
         # epoch (it resets them first).
         self._replica_state = ReplicaValues.of(strategy, state.replica_state, name=layout.REPLICA_STATE)
         self._replica_metrics = ReplicaValues.of(strategy, state.replica_metrics, name=layout.REPLICA_METRICS)
-        extra = {group.name: group.module for group in self._replica_groups}
+        self._one_replica_saved = list(state.one_replica_saved)
         children = {
             layout.MODEL: graph.model_state(state.model), layout.OPTIMIZER: state.optimizer,
-            layout.PROGRESS: self.counters.module, layout.RNG: rng, layout.METRICS: self._metrics, **extra,
+            layout.PROGRESS: self.counters.module, layout.RNG: rng, layout.METRICS: self._metrics,
         }
-        # The callbacks' arrays (training.callback_state) are saved with the rest but restored on
-        # their own: a checkpoint without them (the callbacks changed) still resumes.
+        # The per-replica values and the callbacks' arrays (training.callback_state) are saved with
+        # the rest but restored on their own: a checkpoint without them (of another replica count,
+        # or the callbacks changed) still resumes.
+        extra = {group.name: group.module for group in self._replica_groups}
         self._callback_arrays = callback_arrays
         self.callback_arrays_restored = False
-        self.root = tf.train.Checkpoint(**children, **({layout.CALLBACKS: callback_arrays} if callback_arrays else {}))
-        self._restore_root = tf.train.Checkpoint(**children) if callback_arrays else self.root
+        self.root = tf.train.Checkpoint(**children, **extra,
+                                        **({layout.CALLBACKS: callback_arrays} if callback_arrays else {}))
+        self._restore_root = tf.train.Checkpoint(**children)
         self._metrics_root = tf.train.Checkpoint(**{layout.METRICS: self._metrics})
         if not options.resume:  # every worker, so that none waits in a collective for a chief that refused
             refuse_to_start_over(options.directory)
@@ -437,19 +445,26 @@ class Checkpointer:
             self._writer = ownership.claim(self.directory)
         if not paths:
             return None
+        mismatched: list[str] = []  # read, but holding other objects than this run's (e.g. another model)
         for path in reversed(paths):
             metadata = layout.read_metadata(path)
             try:
                 if path != paths[-1]:  # the newest was checked above
                     self._check_compatible(path, metadata)
                 status = self._restore_root.restore(path)
-                status.assert_existing_objects_matched()
-                # What the checkpoint has and this run does not -- per-replica values of another
-                # replica count, after a topology change -- is left out on purpose, not warned about.
+                # What the checkpoint has and this run does not restore here -- the per-replica
+                # values and the callbacks' arrays, restored below -- is left out on purpose (and
+                # no warning about it when a checkpoint of other objects is refused).
                 status.expect_partial()
+                status.assert_existing_objects_matched()
             except CheckpointMismatchError:
                 raise
-            except (tf.errors.OpError, AssertionError, ValueError, IndexError, OSError) as e:  # IndexError: truncated file
+            except (AssertionError, ValueError) as e:  # objects or shapes other than this run's
+                log.warning("checkpoint %s does not match this run's model and optimizer (%s); falling back to the "
+                            "previous one", path, describe(e))
+                mismatched.append(describe(e))
+                continue
+            except (tf.errors.OpError, IndexError, OSError) as e:  # IndexError: a truncated file
                 log.warning("checkpoint %s cannot be read (%s); falling back to the previous one", path, describe(e))
                 continue
             self._restore_replica_state(path, metadata)
@@ -460,8 +475,15 @@ class Checkpointer:
             self.resumed_from = point
             self.last_saved_step = point.global_step
             return point
+        if len(mismatched) == len(paths):  # not a damage a restart or an older checkpoint could get past
+            raise CheckpointMismatchError(
+                f"the checkpoints in {self.options.directory!r} hold other variables than this run's model and optimizer; "
+                f"received {len(paths)} checkpoint(s) that do not match ({mismatched[0]}). Fix: build the model and "
+                "optimizer the run was saved with, or use another checkpoint_dir; the checkpoints were left untouched."
+            )
         raise CheckpointIOError(
-            f"no checkpoint in {self.options.directory!r} can be read; received {len(paths)} corrupt checkpoint(s). "
+            f"no checkpoint in {self.options.directory!r} can be read; received {len(paths) - len(mismatched)} corrupt "
+            f"checkpoint(s){f' and {len(mismatched)} of other variables' if mismatched else ''}. "
             "Fix: inspect them with `tfdist ckpt verify`, or start a fresh run in another directory."
         )
 
@@ -486,16 +508,18 @@ class Checkpointer:
         return [g for g in (self._replica_state, self._replica_metrics) if g is not None]
 
     def _restore_replica_state(self, path: str, metadata: layout.Metadata) -> None:
-        """Puts each replica's own on-read values back; after a topology change, says what differs."""
-        if self._replica_state is not None:
-            self._replica_state.restore(path)
+        """Puts each replica's own values back; after a topology change, their aggregate, and says so."""
+        if self._replica_state is not None and self._replica_state.restore(path):
+            return
         replicas = self.strategy.num_replicas_in_sync
         saved = metadata.run_value("num_replicas")
+        if isinstance(saved, int) and saved > 1:  # the checkpoint may hold one replica's values: aggregate them
+            aggregate_saved(self._one_replica_saved, path, name=layout.REPLICA_STATE, saved_replicas=saved)
         if saved is not None and saved != replicas:
             log.info(
-                "the checkpoint was saved by %s replicas, this run has %d: same step and data order; every replica "
+                "the checkpoint was saved by %s replica%s, this run has %d: same step and data order; every replica "
                 "starts from the aggregate of the saved per-replica values (e.g. the mean of BatchNormalization's "
-                "moving statistics)", saved, replicas,
+                "moving statistics)", saved, "" if saved == 1 else "s", replicas,
             )
 
     def restore_metrics(self) -> None:

@@ -14,9 +14,11 @@ which variables may differ (``on_read_variables`` for tf_keras).
 ``ReplicaValues`` keeps every replica's value instead: one ``[replicas, ...]`` variable per
 on-read variable, filled by gathering each replica's value (from every worker: a collective,
 so every worker captures at the same step), and scattered back row by row after a restore.
-Its variables are named after the replica count, so a checkpoint of another replica count
-simply does not match: the aggregates are then restored, which is all a different topology
-can use (see the README's "elastic" resume).
+Its variables are named after the replica count and restored on their own, after the rest of
+the state: a checkpoint of another replica count (or of one replica) simply does not hold
+them, and the aggregates are restored instead, which is all a different topology can use (see
+the README's "elastic" resume). Where a checkpoint holds one replica's value rather than the
+aggregate (Keras 3's), ``aggregate_saved`` computes the aggregate from the saved per-replica values.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class ReplicaValues:
         return cls(strategy, distributed, name=name) if distributed else None
 
     def key(self, j: int) -> str:
-        return f"r{self.replicas}_v{j}"  # a checkpoint of another replica count does not match
+        return _key(self.replicas, j)
 
     def capture(self) -> None:
         """Copies every replica's values into the checkpointed variables (a collective under
@@ -119,9 +121,39 @@ class ReplicaValues:
         return any(wanted in name for name in layout.reader(path).get_variable_to_shape_map())
 
     def restore(self, path: str) -> bool:
-        """Puts each replica's values back from the (already restored) variables, if ``path``
+        """Reads the per-replica values from ``path`` and puts each replica's back, if ``path``
         holds them for this replica count; False otherwise (the aggregates stay)."""
+        import tensorflow as tf
+
         if not self.saved_in(path):
             return False
+        tf.train.Checkpoint(**{self.name: self.module}).restore(path).expect_partial()
         self._scatter()
         return True
+
+
+def _key(replicas: int, j: int) -> str:
+    return f"r{replicas}_v{j}"  # a checkpoint of another replica count does not match
+
+
+def aggregate_saved(variables: Sequence[Any], path: str, *, name: str, saved_replicas: int) -> bool:
+    """Sets each of ``variables`` to the aggregate of the per-replica values ``path`` holds for
+    them (saved by a ``ReplicaValues`` called ``name`` of ``saved_replicas`` replicas, in the same
+    order): their mean for floating-point variables, else the first replica's, as the checkpoint
+    already has it. For variables a checkpoint saves as one replica's value (Keras 3's
+    BatchNormalization statistics), when this run cannot put each replica's own back. False,
+    changing nothing, if ``path`` holds no such values or values of other shapes."""
+    import numpy as np
+
+    reader = layout.reader(path)
+    shapes = reader.get_variable_to_shape_map()
+    names = [f"{name}/{_key(saved_replicas, j)}/.ATTRIBUTES/VARIABLE_VALUE" for j in range(len(variables))]
+    expected = [[saved_replicas, *variable.shape] for variable in variables]
+    extra = f"{name}/{_key(saved_replicas, len(variables))}/.ATTRIBUTES/VARIABLE_VALUE"
+    if not variables or extra in shapes or [shapes.get(n) for n in names] != expected:
+        return False
+    for variable, tensor in zip(variables, names):
+        if variable.dtype.is_floating:
+            values = reader.get_tensor(tensor)
+            variable.assign(np.mean(values, axis=0, dtype=np.float64).astype(values.dtype))
+    return True

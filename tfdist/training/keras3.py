@@ -482,6 +482,9 @@ class Keras3:
             metrics={f"v{i}": v.value for i, v in enumerate(model.metrics_variables)},
             replica_state=[v.value for v in local if id(v) not in metric_ids],
             replica_metrics=[v.value for v in local if id(v) in metric_ids],
+            # What replica_state is under any strategy (each replica's non-trainable variables:
+            # a checkpoint keeps the first replica's value of a MirroredVariable).
+            one_replica_saved=[v.value for v in model.non_trainable_variables if id(v) not in metric_ids],
         )
 
     def fingerprint(self, model) -> str:

@@ -127,7 +127,14 @@ class ReplicaValues:
 
         if not self.saved_in(path):
             return False
-        tf.train.Checkpoint(**{self.name: self.module}).restore(path).expect_partial()
+        status = tf.train.Checkpoint(**{self.name: self.module}).restore(path)
+        status.expect_partial()
+        try:
+            status.assert_existing_objects_matched()  # every one of them, or none is put back
+        except AssertionError:
+            log.warning("%s holds other per-replica values than this run's; every replica starts from their aggregate",
+                        path)
+            return False
         self._scatter()
         return True
 

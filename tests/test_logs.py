@@ -31,13 +31,19 @@ def test_info_lines_reach_stderr_while_a_public_call_runs_when_nothing_else_woul
     assert capsys.readouterr().err == ""
 
 
-def test_a_root_handler_added_while_a_public_call_runs_does_not_print_the_lines_twice(monkeypatch, capsys):
+def test_a_root_handler_a_library_adds_during_a_call_neither_doubles_nor_hides_the_lines(monkeypatch, capsys):
     logger = _unconfigured(monkeypatch)
     with _logs.shown("auto"):
-        logging.warning("a library's own line")  # on the root logger with no handler: adds one (basicConfig)
+        # absl's logging functions (TensorFlow's first asynchronous save) call logging.basicConfig():
+        logging.warning("a library's own line")  # on the root logger with no handler: adds one
         assert logging.getLogger().handlers
         logger.warning("SIGTERM received")
     assert capsys.readouterr().err.count("SIGTERM received") == 1
+    # A second call (a notebook's next fit, or fit again after Ctrl-C) still shows its INFO lines:
+    # that handler is not the user's configuration.
+    with _logs.shown("auto"):
+        logger.info("resuming from ckpt-40")
+    assert capsys.readouterr().err == "tfdist: resuming from ckpt-40\n"
 
 
 def test_a_user_who_configured_logging_gets_the_lines_through_their_own_handlers_only(monkeypatch, capsys):

@@ -11,10 +11,17 @@ import contextlib
 import functools
 import logging
 import sys
+import weakref
 from typing import Any, Callable
 
 NAME = "tfdist"
 FORMAT = "tfdist: %(message)s"
+
+# Root handlers that appeared while a public call showed the lines itself: a library running in
+# it added them, not the user (absl's logging functions call logging.basicConfig() when the root
+# logger has no handler; TensorFlow's first asynchronous save does). They do not count as the
+# user's configuration in later calls, whose lines they would drop (the root logger's level).
+_ADDED_BY_LIBRARIES: "weakref.WeakSet[logging.Handler]" = weakref.WeakSet()
 
 
 class StderrHandler(logging.StreamHandler):
@@ -48,13 +55,14 @@ def setup(verbose: bool = True) -> None:
 @contextlib.contextmanager
 def shown(verbose: Any):
     """While the block runs, tfdist's INFO lines go to stderr if nothing else would show them (no
-    handler on the ``tfdist`` or the root logger) and ``verbose`` is not 0. They go there only: a
-    root handler that appears meanwhile (a library's module-level ``logging.warning`` call adds
-    one) does not print them a second time."""
-    logger = logging.getLogger(NAME)
-    if verbose == 0 or logger.handlers or logging.getLogger().handlers:
+    handler on the ``tfdist`` or the root logger, other than one a library added during an earlier
+    call) and ``verbose`` is not 0. They go there only: a root handler that appears meanwhile (a
+    library's module-level ``logging.warning`` call adds one) does not print them a second time."""
+    logger, root = logging.getLogger(NAME), logging.getLogger()
+    if verbose == 0 or logger.handlers or [h for h in root.handlers if h not in _ADDED_BY_LIBRARIES]:
         yield
         return
+    before = list(root.handlers)
     handler, level, propagate = _handler(), logger.level, logger.propagate
     logger.addHandler(handler)
     logger.propagate = False
@@ -66,6 +74,7 @@ def shown(verbose: Any):
         logger.removeHandler(handler)
         logger.setLevel(level)
         logger.propagate = propagate
+        _ADDED_BY_LIBRARIES.update(h for h in root.handlers if h not in before)
 
 
 def shows_logs(function: Callable) -> Callable:

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -469,6 +470,35 @@ def test_a_signal_to_the_launcher_is_forwarded_and_it_exits(task_script, tmp_pat
     assert "Traceback" not in stderr
     assert not any(_alive(pid) for pid in _recorded_pids(tmp_path))
 
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_parameter_server_job_stops_its_chief_first_so_that_it_saves_with_its_peers_up(task_script, tmp_path,
+                                                                                                   caplog):
+    # The chief's last save needs the ps tasks (the variables) and the workers (the steps in flight).
+    command = task_script(
+        "if role == 'chief':\n"
+        "    def on_term(signum, frame):\n"
+        "        time.sleep(0.5)  # the save at the end of the step\n"
+        "        peers = [int(pid) for task in ('worker-0', 'worker-1', 'ps-0') for pid in lines('pid', task)]\n"
+        "        up = all(os.path.exists(f'/proc/{p}') and open(f'/proc/{p}/stat').read().split()[2] != 'Z' for p in peers)\n"
+        "        record('saved', f'{len(peers)} peers up' if up else 'a peer was stopped')\n"
+        "        sys.exit(75)\n"
+        "    signal.signal(signal.SIGTERM, on_term)\n"
+        "time.sleep(60)\n"
+    )
+    out, err = io.StringIO(), io.StringIO()
+    launcher = Launcher(options=LaunchOptions(command=command, workers=2, ps=1, grace=20, max_restarts=0),
+                        stdout=out, stderr=err)
+    threading.Thread(target=lambda: wait_until(lambda: len(_recorded_pids(tmp_path)) == 4, 30)
+                     and launcher.request_stop(signal.SIGTERM), daemon=True).start()
+    with caplog.at_level(logging.INFO, logger="tfdist"):
+        result = launcher.run()
+    assert result.exit_code == 75, err.getvalue()[-3000:]  # the chief's: preempted, saved
+    assert (tmp_path / "saved-chief-0.log").read_text().split("\n")[0] == "3 peers up"
+    log = caplog.text
+    assert log.index("stopping chief:0") < log.index("stopping worker:0, worker:1, ps:0"), log[-3000:]
+    assert not any(_alive(pid) for pid in _recorded_pids(tmp_path))
 
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize(

@@ -492,15 +492,22 @@ class Launcher:
         return exited
 
     def _stop(self, tasks: list[_Task]) -> None:
-        """SIGTERM to every running task's group, SIGKILL after the grace period."""
+        """SIGTERM to every running task's group, SIGKILL after the grace period. Under parameter
+        servers the chief first, and the others once it has exited: its last save reads the
+        variables from the ps tasks and waits for the steps the workers run."""
         live = [t for t in tasks if t.running]
+        first = [t for t in live if t.role == CHIEF] if self.options.is_parameter_server else []
+        signals_before = len(self._signals)
+        for phase in (first, [t for t in live if t not in first]):
+            self._stop_now(phase, signals_before=signals_before)
+
+    def _stop_now(self, live: list[_Task], *, signals_before: int) -> None:
         if not live:
             return
         log.info("stopping %s", ", ".join(t.name for t in live))
         for task in live:
             _kill_group(task.process, signal.SIGTERM)
         deadline = time.monotonic() + self.options.grace
-        signals_before = len(self._signals)
         why = f"did not stop within {self.options.grace:g} s of SIGTERM"
         while any(t.process.poll() is None for t in live):
             if len(self._signals) > max(1, signals_before):

@@ -123,7 +123,8 @@ def test_env_with_invalid_tf_config_exits_nonzero_with_one_line(procs):
 
 def test_mirrored_and_central_storage_replicate_over_every_logical_cpu_by_default(procs):
     script = (
-        "import json, tfdist\n"
+        "import json, logging, tfdist\n"
+        "logging.basicConfig(level=logging.INFO, format='%(name)s: %(message)s')\n"
         "tfdist.split_cpu(2)\n"
         "print(json.dumps({name: tfdist.make_strategy(name).num_replicas_in_sync\n"
         "                  for name in ('mirrored', 'central_storage')}))\n"
@@ -131,6 +132,8 @@ def test_mirrored_and_central_storage_replicate_over_every_logical_cpu_by_defaul
     code, out = procs.run([sys.executable, "-c", script], timeout=120, env=base_env())
     assert code == 0, out[-3000:]
     assert json.loads(out.strip().splitlines()[-1]) == {"mirrored": 2, "central_storage": 2}
+    # The all-reduce's reason counts those replicas (it said "one replica" for them).
+    assert "tfdist: all-reduce reduce_to_one: 2 of 2 replicas on CPU devices" in out, out[-3000:]
 
 
 def test_help_does_not_import_tensorflow(procs):

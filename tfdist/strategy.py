@@ -320,7 +320,7 @@ def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
     import tensorflow as tf
 
     devices = list(options.devices) if options.devices else None
-    choice = all_reduce_for(MIRRORED, requested=options.all_reduce, devices=devices)
+    choice = all_reduce_for(MIRRORED, requested=options.all_reduce, devices=devices or _local_devices())
     log.info("all-reduce %s: %s", choice.name, choice.reason)
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops(choice.name))
     strategy._tfdist_all_reduce = choice.name  # read by all_reduce_of()
@@ -332,9 +332,15 @@ def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
 
     # By default the local GPUs, else every logical CPU (split_cpu), as MirroredStrategy picks
     # them; TensorFlow's own default for this strategy is the GPUs, else /cpu:0 alone.
-    default = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-    devices = list(options.devices) if options.devices else [d.name for d in default]
+    devices = list(options.devices) if options.devices else _local_devices()
     return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
+
+
+def _local_devices() -> list[str]:
+    """The devices MirroredStrategy replicates over by default: the logical GPUs, else every logical CPU."""
+    import tensorflow as tf
+
+    return [d.name for d in tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")]
 
 
 def _communication_options(options: StrategyOptions):

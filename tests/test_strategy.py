@@ -1,6 +1,8 @@
 """The auto rule, strategy options, and `tfdist env` under faked environments."""
 
 import json
+import os
+import signal
 import sys
 
 import pytest
@@ -9,7 +11,7 @@ from tfdist import strategy
 from tfdist.cluster import ClusterSpec, parse_tf_config
 from tfdist.errors import StrategyError
 
-from conftest import base_env
+from conftest import base_env, free_port
 
 PS = {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"]}, "task": {"type": "chief", "index": 0}}
 MW = {"cluster": {"worker": ["w:1", "w:2"]}, "task": {"type": "worker", "index": 0}}
@@ -166,3 +168,24 @@ def test_the_startup_watchdog_kills_a_process_stuck_past_its_timeout(procs, time
         assert code == -9 and "the cluster did not form within 1 s: a peer (worker:1) answered but never joined" in out, out
     else:
         assert code == 0 and "left the block" in out and "error" not in out, out
+
+
+@pytest.mark.timeout(120)
+def test_a_serving_ps_task_stops_at_ctrl_c(procs, tmp_path):
+    # A ps or parameter-server worker task serves until stopped; Ctrl-C in its terminal stops it
+    # (TensorFlow's server.join() waits where Python's SIGINT handler never runs).
+    ports = [free_port() for _ in range(3)]
+    config = {"cluster": {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"],
+                          "ps": [f"127.0.0.1:{ports[2]}"]}, "task": {"type": "ps", "index": 0}}
+    task = procs.start([sys.executable, "-m", "tfdist", "train", "--output-dir", str(tmp_path)],
+                       env=base_env(TF_CONFIG=json.dumps(config)))
+    lines = []
+    for line in task.stdout:  # until it serves (the test's timeout bounds the wait)
+        lines.append(line)
+        if "serving as ps:0" in line:
+            break
+    assert task.poll() is None, "".join(lines)[-3000:]
+    os.killpg(task.pid, signal.SIGINT)
+    out, _ = task.communicate(timeout=30)
+    assert task.returncode == 130, "".join(lines)[-2000:] + out[-2000:]
+    assert "tfdist: interrupted by Ctrl-C: ps:0 stopped serving" in out and "Traceback" not in out, out[-3000:]

@@ -20,14 +20,14 @@ from tfdist.errors import ClusterConfigError
 log = logging.getLogger("tfdist")
 
 def serve(cluster: ClusterSpec) -> None:
-    """Runs this task's TensorFlow server until the process is stopped (ps and PS workers)."""
+    """Runs this task's TensorFlow server until the process is stopped (ps and PS workers), by
+    SIGTERM, or by Ctrl-C, which raises ``KeyboardInterrupt`` (``tfdist train``: exit 130)."""
     import tensorflow as tf
 
     if cluster.task_type not in (PS, WORKER):
         raise ClusterConfigError(
             f"Only ps and worker tasks serve; received task {cluster.task_name}. Fix: run training on the chief."
         )
-    log.info("parameter_server: serving as %s at %s until stopped", cluster.task_name, cluster.task_address)
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster.training_jobs()),
         job_name=cluster.task_type,
@@ -35,7 +35,14 @@ def serve(cluster: ClusterSpec) -> None:
         protocol=cluster.rpc_layer,
         start=True,
     )
-    server.join()
+    log.info("parameter_server: serving as %s at %s until stopped", cluster.task_name, cluster.task_address)
+    try:
+        while True:  # not server.join(): it waits in C++, where a Ctrl-C never reaches Python's handler
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"interrupted by Ctrl-C: {cluster.task_name} stopped serving") from None
+    finally:
+        del server  # referenced until here: a Server that is garbage-collected stops serving
 
 
 def _split(address: str) -> tuple[str, int]:

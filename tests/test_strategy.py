@@ -171,20 +171,23 @@ def test_the_startup_watchdog_kills_a_process_stuck_past_its_timeout(procs, time
 
 
 @pytest.mark.timeout(120)
-def test_a_serving_ps_task_stops_at_ctrl_c(procs, tmp_path):
+def test_a_serving_ps_task_stops_at_ctrl_c_and_says_a_fault_aimed_at_it_never_fires(procs, tmp_path):
     # A ps or parameter-server worker task serves until stopped; Ctrl-C in its terminal stops it
     # (TensorFlow's server.join() waits where Python's SIGINT handler never runs).
     ports = [free_port() for _ in range(3)]
     config = {"cluster": {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"],
                           "ps": [f"127.0.0.1:{ports[2]}"]}, "task": {"type": "ps", "index": 0}}
     task = procs.start([sys.executable, "-m", "tfdist", "train", "--output-dir", str(tmp_path)],
-                       env=base_env(TF_CONFIG=json.dumps(config)))
+                       env=base_env(TF_CONFIG=json.dumps(config), TFDIST_FAULT="ps:0/kill_at_step:3"))
     lines = []
     for line in task.stdout:  # until it serves (the test's timeout bounds the wait)
         lines.append(line)
         if "serving as ps:0" in line:
             break
     assert task.poll() is None, "".join(lines)[-3000:]
+    # A fault drill aimed at a task without a training loop would test nothing: said.
+    assert next(task.stdout).startswith("tfdist: TFDIST_FAULT names ps:0, which serves the parameter servers' chief "
+                                        "and runs no training loop: its faults never fire; name chief:0")
     os.killpg(task.pid, signal.SIGINT)
     out, _ = task.communicate(timeout=30)
     assert task.returncode == 130, "".join(lines)[-2000:] + out[-2000:]

@@ -36,6 +36,11 @@ def serve(cluster: ClusterSpec) -> None:
         start=True,
     )
     log.info("parameter_server: serving as %s at %s until stopped", cluster.task_name, cluster.task_address)
+    from tfdist.training import faults
+
+    if faults.parse(env.get(env.TFDIST_FAULT), task_name=cluster.task_name):  # a drill that would test nothing
+        log.warning("%s names %s, which serves the parameter servers' chief and runs no training loop: its faults "
+                    "never fire; name chief:0 (the training loop) instead", env.TFDIST_FAULT, cluster.task_name)
     try:
         while True:  # not server.join(): it waits in C++, where a Ctrl-C never reaches Python's handler
             time.sleep(3600)

@@ -354,6 +354,12 @@ def test_missing_directory_is_one_line_exit_2_without_traceback(tmp_path):
         lines = [line for line in proc.stderr.splitlines() if line.startswith("tfdist")]
         assert len(lines) == 1 and "Traceback" not in proc.stderr
         assert missing in lines[0] and "Fix:" in lines[0]
+    # ram:// is each process's own memory: a new command's is empty, and the error says so.
+    proc = subprocess.run([sys.executable, "-m", "tfdist", "ckpt", "list", "ram://run/checkpoints"],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "does not exist in this process's memory (ram://)" in proc.stderr and "Fix: look into them from that " \
+        "process" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("command", ["list", "inspect", "verify"])

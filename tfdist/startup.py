@@ -42,8 +42,11 @@ def serve(cluster: ClusterSpec) -> None:
         log.warning("%s names %s, which serves the parameter servers' chief and runs no training loop: its faults "
                     "never fire; name chief:0 (the training loop) instead", env.TFDIST_FAULT, cluster.task_name)
     try:
-        while True:  # not server.join(): it waits in C++, where a Ctrl-C never reaches Python's handler
-            time.sleep(3600)
+        # Not server.join(): it waits in C++, where a Ctrl-C never reaches Python's handler. Short
+        # sleeps: the OS may deliver the signal to one of TensorFlow's threads, which does not wake
+        # this one; Python runs the handler when this thread next wakes.
+        while True:
+            time.sleep(0.5)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"interrupted by Ctrl-C: {cluster.task_name} stopped serving") from None
     finally:

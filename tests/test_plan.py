@@ -299,6 +299,10 @@ def test_cli_table_says_how_to_get_the_time(capsys):
         (["--samples", "1000", "--global-batch", "30", "--micro-batch", "4"], "global_batch_size"),
         (["--samples", "1000", "--micro-batch", "4", "--link-bandwidth", "fast"], "--link-bandwidth"),
         (["--micro-batch", "4"], "--samples"),
+        # A negative value with a unit reaches tfdist's check (argparse took it for an option).
+        (["--samples", "1000", "--micro-batch", "4", "--step-time", "-1s"], "--step-time"),
+        (["--samples", "1000", "--micro-batch", "4", "--link-bandwidth", "-1GB/s"], "--link-bandwidth"),
+        (["--samples", "1000", "--micro-batch", "4", "--params", "1M", "--stall-window", "-3s"], "--stall-window"),
     ],
 )
 def test_cli_bad_value_is_one_line_and_exit_2(capsys, argv, name):
@@ -307,6 +311,17 @@ def test_cli_bad_value_is_one_line_and_exit_2(capsys, argv, name):
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tfdist: error: ") and f"`{name}" in lines[0]
+    if argv[-1][-1].isalpha():  # a value with a unit is named itself, with the fix
+        assert f"received {name}={argv[-1]!r}" in lines[0] and "not negative" in lines[0], lines[0]
+
+
+def test_python_plan_takes_counts_as_text_as_the_command_line_does():
+    from tfdist.planning import plan
+
+    assert (plan(samples="1.2M", params="25.6M", micro_batch_size=32).samples, plan(samples=1000, params="7B",
+            micro_batch_size=10).params) == (1_200_000, 7_000_000_000)
+    with pytest.raises(PlanError, match=r"Invalid `samples`; received samples='many'"):
+        plan(samples="many", micro_batch_size=10)
 
 
 def test_cli_plot_writes_a_png(tmp_path, capsys):

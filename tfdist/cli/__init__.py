@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import Sequence
 
@@ -61,12 +62,28 @@ def _refuse_unknown_options_without_command(parser: argparse.ArgumentParser, arg
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
 
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """``--step-time -1s`` as ``--step-time=-1s``: argparse takes a value that starts with ``-``
+    and is not a plain negative number for another option, and says only "expected one
+    argument"; attached, the value reaches tfdist's own check, which names it and the fix. Up
+    to ``--``: what follows is a launched command's."""
+    out: list[str] = []
+    for i, token in enumerate(argv):
+        if token == "--":
+            return out + argv[i:]
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.match(r"-\.?\d", token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tfdist.cli import _quiet
     from tfdist.errors import PeerUnavailableError, TfdistError
 
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     _refuse_unknown_options_without_command(parser, argv)
     args = parser.parse_args(argv)
     _logs.setup()

@@ -31,7 +31,7 @@ from tfdist import _checks
 from tfdist.data.batching import resolve_micro_and_accum
 from tfdist.errors import PlanError
 from tfdist.planning.measure import check_keras
-from tfdist.planning.units import format_bytes, format_seconds, parse_bytes, parse_duration
+from tfdist.planning.units import format_bytes, format_seconds, parse_bytes, parse_count, parse_duration
 
 PRECISIONS = _checks.PRECISIONS
 BYTES_PER_PARAM = 4  # weights, gradients and optimizer slots are float32 in every precision
@@ -417,7 +417,7 @@ class Plan:
 # --- the plan -------------------------------------------------------------------------------
 def plan(
     *,
-    samples: int,
+    samples: int | str,
     epochs: int = 1,
     micro_batch_size: int | None = None,
     nodes: int = 1,
@@ -425,7 +425,7 @@ def plan(
     grad_accum_steps: int | None = None,
     global_batch_size: int | None = None,
     max_micro_batch_size: int | None = None,
-    params: int | None = None,
+    params: int | str | None = None,
     model: str | None = None,
     input_shape: Sequence[int] | None = None,
     num_classes: int | None = None,
@@ -455,8 +455,11 @@ def plan(
     loads and measures ``model``: ``"3"`` (Keras 3, ``import keras``, the default: timed in
     tfdist's own training loop, as ``tfdist.fit`` trains it) or ``"2"`` (tf_keras: timed with
     tf_keras' ``model.fit``); pick the one the run will train with. Durations and bandwidths also
-    accept text such as ``"30s"``, ``"24h"``, ``"10GB/s"``; ``activation_bytes`` such as ``"2MB"``.
+    accept text such as ``"30s"``, ``"24h"``, ``"10GB/s"``; ``activation_bytes`` such as ``"2MB"``;
+    ``samples`` and ``params`` counts such as ``"1.2M"`` or ``"7B"``, as on the command line.
     """
+    samples = parse_count(samples, name="samples") if isinstance(samples, str) else samples
+    params = parse_count(params, name="params") if isinstance(params, str) else params
     for name, value in (("samples", samples), ("nodes", nodes), ("gpus_per_node", gpus_per_node)):
         check_int(name, value)
     batch_args = (

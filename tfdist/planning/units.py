@@ -32,7 +32,7 @@ def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = Fa
     example = "10GB/s or 1.25e9" if per_second else "500MB, 1.5GiB or 5e8"
     match = re.fullmatch(_NUMBER + r"\s*([kmgtp]i?)?(b|bit|bits|byte|bytes)?(/s)?", str(text).strip().lower())
     if not match or (match.group(5) and not per_second):
-        raise PlanError(f"Invalid `{name}`; received {name}={text!r}. Fix: use a size such as {example}.")
+        raise PlanError(f"Invalid `{name}`; received {name}={text!r}. Fix: use a size such as {example}, not negative.")
     prefix, unit = match.group(3) or "", match.group(4) or "b"
     scale = _IEC[prefix] if prefix.endswith("i") else _SI[prefix]
     return _number(match.group(1), match.group(2)) * scale / (8 if unit.startswith("bit") else 1)
@@ -47,7 +47,8 @@ def parse_duration(text: str | float, *, name: str = "value") -> float:
     rebuilt = "".join(f"{m}{'e' + e if e else ''}{u}" for m, e, u in parts)
     if not parts or rebuilt != joined or any(u not in _SECONDS and u != "" for _, _, u in parts):
         raise PlanError(
-            f"Invalid `{name}`; received {name}={text!r}. Fix: use seconds or a duration such as 30s, 5m, 24h."
+            f"Invalid `{name}`; received {name}={text!r}. Fix: use seconds or a duration such as 30s, 5m, 24h, "
+            "not negative."
         )
     return sum(_number(m, e) * _SECONDS[u or "s"] for m, e, u in parts)
 

@@ -3,6 +3,7 @@
 import glob
 
 import numpy as np
+import pytest
 
 import tfdist
 from tfdist.training.evaluator import run_sidecar
@@ -46,6 +47,7 @@ def _event_steps(log_dir):
     return steps
 
 
+@pytest.mark.timeout(120)
 def test_an_evaluator_started_again_skips_the_checkpoints_it_evaluated_and_scores_one_saved_again(tmp_path):
     rng = np.random.RandomState(0)
     x = rng.rand(200, 5).astype(np.float32)
@@ -56,9 +58,10 @@ def test_an_evaluator_started_again_skips_the_checkpoints_it_evaluated_and_score
     first = run_sidecar(_tiny, (x, y), checkpoint_dir=str(ckpt), log_dir=str(eval_dir),
                         poll_seconds=0.05, max_idle_seconds=0.3)
     assert [r["global_step"] for r in first] == [10]
-    # The cluster restarts: the evaluator starts again on the same checkpoints.
+    # The cluster restarts: the evaluator starts again on the same checkpoints, and since the run's
+    # complete one was evaluated, it stops at once (it waited for a checkpoint that never comes).
     again = run_sidecar(_tiny, (x, y), checkpoint_dir=str(ckpt), log_dir=str(eval_dir),
-                        poll_seconds=0.05, max_idle_seconds=0.3)
+                        poll_seconds=0.05, max_idle_seconds=600)
     assert again == []
     assert _event_steps(eval_dir) == [10]
     # A checkpoint written again under the same name (a new run in the directory) is new.

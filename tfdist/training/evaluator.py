@@ -50,10 +50,17 @@ def run_sidecar(
     results: list[dict] = []
     idle_since = time.monotonic()
     log.info("evaluator: watching %s", checkpoint_dir)
+    checked = None  # the newest checkpoint evaluated before this evaluator started, once checked
     while True:
         paths = layout.checkpoint_paths(checkpoint_dir)
         seen.update(p for p in paths if p not in seen and record.has(p))
         fresh = [p for p in paths if p not in seen]
+        if not fresh and paths and paths[-1] != checked and record.has(paths[-1]):
+            checked = paths[-1]  # a finished run started again: its complete checkpoint was evaluated
+            if (layout.read_metadata(checked) or layout.Metadata({})).complete:
+                log.info("evaluator: %s, the run's complete checkpoint, was evaluated before; stopping",
+                         storage.basename(checked))
+                return results
         if not fresh:
             if max_idle_seconds is not None and time.monotonic() - idle_since > max_idle_seconds:
                 log.info("evaluator: no new checkpoint for %.0f s; stopping", max_idle_seconds)

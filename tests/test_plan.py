@@ -206,6 +206,19 @@ def test_young_daly_interval_and_lost_work():
     assert p.checkpoint_write_seconds == pytest.approx(write)
     assert p.checkpoint_interval_seconds == pytest.approx(math.sqrt(2 * write * 86400))
     assert p.lost_seconds_per_failure == pytest.approx(p.checkpoint_interval_seconds / 2 + 120)
+    # A run shorter than the interval saves nothing on the way: a failure redoes half of the run.
+    short = plan(samples=1000, micro_batch_size=10, params=24_750_000, write_bandwidth="1GB/s", mtbf="24h",
+                 restart_seconds="2m", step_time="10ms")
+    assert short.train_seconds == pytest.approx(1.0) and short.train_seconds < short.checkpoint_interval_seconds
+    assert short.lost_seconds_per_failure == pytest.approx(0.5 + 120)
+
+
+def test_cli_says_what_a_failure_redoes(capsys):
+    assert main(["plan", "--samples", "1000", "--micro-batch", "10", "--params", "1M", "--step-time", "10ms"]) == 0
+    assert "training / 2 + restart" in capsys.readouterr().out  # a 1 s run: no save falls due
+    assert main(["plan", "--samples", "1.2M", "--epochs", "90", "--micro-batch", "64", "--params", "25M",
+                 "--step-time", "180ms"]) == 0
+    assert "interval / 2 + restart" in capsys.readouterr().out
     # Without a write bandwidth the write is assumed to take the whole stall window.
     q = plan(samples=1000, micro_batch_size=10, params=1000, stall_window=30, mtbf=3000)
     assert q.checkpoint_interval_seconds == pytest.approx(math.sqrt(2 * 30 * 3000))

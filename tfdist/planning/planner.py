@@ -15,7 +15,7 @@ The formulas (see docs/plan.md for a worked example):
 * checkpoint bytes = params x 4 x (1 + optimizer_slots) + CHECKPOINT_OVERHEAD_BYTES;
   required write bandwidth = checkpoint bytes / stall window.
 * Young/Daly interval = sqrt(2 x checkpoint write seconds x MTBF); work lost per failure
-  = interval / 2 + restart seconds.
+  = min(interval, training seconds) / 2 + restart seconds.
 * step seconds = step_time x grad_accum_steps + ring all-reduce seconds (a measured step_time
   is the measured accumulated step / grad_accum_steps), with the ring
   all-reduce = 2 (n - 1) / n x gradient bytes / link bandwidth for n replicas.
@@ -284,9 +284,14 @@ class Plan:
 
     @property
     def lost_seconds_per_failure(self) -> float | None:
-        """Expected work lost by one failure: half an interval redone, plus the restart."""
+        """Expected work lost by one failure: half an interval redone, plus the restart; in a run
+        shorter than the interval (no save falls due), half the run."""
         interval = self.checkpoint_interval_seconds
-        return None if interval is None else interval / 2 + self.restart_seconds
+        if interval is None:
+            return None
+        if self.train_seconds is not None:
+            interval = min(interval, self.train_seconds)
+        return interval / 2 + self.restart_seconds
 
     # --- time ---------------------------------------------------------------------------
     @property

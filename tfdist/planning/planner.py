@@ -35,7 +35,7 @@ from tfdist.planning.units import format_bytes, format_seconds, parse_bytes, par
 
 PRECISIONS = _checks.PRECISIONS
 BYTES_PER_PARAM = 4  # weights, gradients and optimizer slots are float32 in every precision
-CHECKPOINT_OVERHEAD_BYTES = 1_000_000  # index, object graph, metadata, data position
+CHECKPOINT_OVERHEAD_BYTES = 64_000  # index, object graph, metadata: ~10 kB for a small model, a few hundred B a variable
 DEFAULT_STALL_WINDOW = 30.0  # seconds training may pause to write one checkpoint
 DEFAULT_MTBF = 86_400.0  # seconds between failures that stop the job (1 day)
 DEFAULT_RESTART_SECONDS = 300.0  # seconds from a failure to training again (reschedule, restore)

@@ -35,13 +35,14 @@ def serve(cluster: ClusterSpec) -> None:
         protocol=cluster.rpc_layer,
         start=True,
     )
-    log.info("parameter_server: serving as %s at %s until stopped", cluster.task_name, cluster.task_address)
     from tfdist.training import faults
 
-    if faults.parse(env.get(env.TFDIST_FAULT), task_name=cluster.task_name):  # a drill that would test nothing
-        log.warning("%s names %s, which serves the parameter servers' chief and runs no training loop: its faults "
-                    "never fire; name chief:0 (the training loop) instead", env.TFDIST_FAULT, cluster.task_name)
-    try:
+    try:  # from here on a Ctrl-C says the task stopped serving, also while these lines are written
+        log.info("parameter_server: serving as %s at %s until stopped", cluster.task_name, cluster.task_address)
+        if faults.parse(env.get(env.TFDIST_FAULT), task_name=cluster.task_name):  # a drill that would test nothing
+            log.warning("%s names %s, which serves the parameter servers' chief and runs no training loop: its "
+                        "faults never fire; name chief:0 (the training loop) instead", env.TFDIST_FAULT,
+                        cluster.task_name)
         # Not server.join(): it waits in C++, where a Ctrl-C never reaches Python's handler. Short
         # sleeps: the OS may deliver the signal to one of TensorFlow's threads, which does not wake
         # this one; Python runs the handler when this thread next wakes.

@@ -210,7 +210,7 @@ def _rows(p: Plan) -> list[tuple[str, str, str]]:
              f"sqrt(2 x write x MTBF {fs(p.mtbf)})"
              + ("" if p.checkpoint_interval_steps is None else f"; every {p.checkpoint_interval_steps:,} steps")),
             ("work lost per failure", fs(p.lost_seconds_per_failure),
-             f"{_redone(p)} / 2 + restart {fs(p.restart_seconds)}"),
+             f"{'training' if p.no_save_falls_due else 'interval'} / 2 + restart {fs(p.restart_seconds)}"),
         ]
     rows.append(("Time:", "", ""))
     if p.step_time is None:
@@ -362,10 +362,3 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"\nplot written to {args.plot}")
     return 0
-
-
-def _redone(p) -> str:
-    """What a failure redoes half of, on average: an interval, or the run when it is shorter."""
-    short = p.train_seconds is not None and p.checkpoint_interval_seconds is not None \
-        and p.train_seconds < p.checkpoint_interval_seconds
-    return "training" if short else "interval"

@@ -283,15 +283,19 @@ class Plan:
         return young_daly_interval(write_seconds=self.checkpoint_write_seconds, mtbf=self.mtbf)
 
     @property
+    def no_save_falls_due(self) -> bool:
+        """Whether the checkpoint interval is longer than the training (both known)."""
+        interval, train = self.checkpoint_interval_seconds, self.train_seconds
+        return interval is not None and train is not None and interval > train
+
+    @property
     def lost_seconds_per_failure(self) -> float | None:
         """Expected work lost by one failure: half an interval redone, plus the restart; in a run
         shorter than the interval (no save falls due), half the run."""
         interval = self.checkpoint_interval_seconds
         if interval is None:
             return None
-        if self.train_seconds is not None:
-            interval = min(interval, self.train_seconds)
-        return interval / 2 + self.restart_seconds
+        return (self.train_seconds if self.no_save_falls_due else interval) / 2 + self.restart_seconds
 
     # --- time ---------------------------------------------------------------------------
     @property
@@ -400,12 +404,11 @@ class Plan:
                 f"{format_bytes(self.required_write_bytes_per_sec)}/s: a checkpoint takes "
                 f"{format_seconds(self.checkpoint_write_seconds)}, longer than the stall window."
             )
-        if self.train_seconds is not None and self.checkpoint_interval_seconds is not None:
-            if self.checkpoint_interval_seconds > self.train_seconds:
-                notes.append(
-                    f"the checkpoint interval ({format_seconds(self.checkpoint_interval_seconds)}) is longer than the "
-                    f"training ({format_seconds(self.train_seconds)}): no checkpoint falls due before the end."
-                )
+        if self.no_save_falls_due:
+            notes.append(
+                f"the checkpoint interval ({format_seconds(self.checkpoint_interval_seconds)}) is longer than the "
+                f"training ({format_seconds(self.train_seconds)}): no checkpoint falls due before the end."
+            )
         return tuple(notes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -89,14 +89,14 @@ def _check_directory(directory: str, *, prefixes: bool = True) -> None:
                 f"`list` takes a checkpoint directory; received the checkpoint {directory!r}. "
                 f"Fix: list its directory (tfdist ckpt list {parent}), or look into it (tfdist ckpt inspect {prefix})."
             )
-    if not storage.exists(directory) and storage.scheme(directory) == storage.PROCESS_MEMORY:
-        raise CheckpointError(
-            f"the checkpoint directory does not exist in this process's memory (ram://), which is its own: a run's "
-            f"ram:// checkpoints are in the memory of the process that ran it; received {directory!r}. Fix: look into "
-            "them from that process (tfdist.checkpoint.inspect, or tfdist.cli.main(['ckpt', ...])), or save to a "
-            "local path or storage such as gs://."
-        )
     if not storage.exists(directory):
+        if storage.scheme(directory) == storage.PROCESS_MEMORY:
+            raise CheckpointError(
+                f"the checkpoint directory does not exist in this process's memory (ram://), which is its own: a "
+                f"run's ram:// checkpoints are in the memory of the process that ran it; received {directory!r}. Fix: "
+                "look into them from that process (tfdist.checkpoint.inspect, or tfdist.cli.main(['ckpt', ...])), or "
+                "save to a local path or storage such as gs://."
+            )
         raise CheckpointError(
             f"the checkpoint directory does not exist; received {directory!r}. "
             "Fix: pass the checkpoint_dir of a run (the folder holding the `checkpoint` state file) or its output directory."

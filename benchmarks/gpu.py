@@ -230,6 +230,24 @@ def _tfrecord_source(x, y, directory: str):
     return tfdist.TFRecordSource(path, parse)
 
 
+def _gather_in_graph() -> None:
+    """(d)'s "graph gather" variant: tfdist's in-memory source reads its rows with ``tf.gather``
+    from CPU tensors (a copy of the arrays) instead of from NumPy through ``tf.numpy_function``,
+    which holds the GIL while it copies (``benchmarks/device/gather_gil.py``). The benchmark's
+    question: does that reader close the gap between tfdist and plain ``model.fit`` at the
+    shortest steps? tfdist itself is unchanged."""
+    import tensorflow as tf
+    from tfdist.data import arrays
+
+    def gather_fn(self, *, embed: bool = False):
+        with tf.init_scope(), tf.device("/cpu:0"):
+            leaves = [tf.constant(leaf) for leaf in self._leaves]
+        element = self._element
+        return lambda idx: tf.nest.pack_sequence_as(element, [tf.gather(leaf, idx) for leaf in leaves])
+
+    arrays.ArraySource.gather_fn = gather_fn
+
+
 def fit_child(spec: dict, conn) -> None:
     """One training variant of (a), (b) or (d), in its own process; runs only while it holds the turn.
 
@@ -247,6 +265,8 @@ def fit_child(spec: dict, conn) -> None:
     from tfdist import strategy as strategy_mod
 
     w, kind, precision = spec["workload"], spec["kind"], spec["precision"]
+    if spec.get("gather_in_graph"):
+        _gather_in_graph()
     replicas = len(spec["devices"])
     batch = w["batch"] * replicas
     x, y = _images(batch * w["steps"], w["image"], w["classes"])
@@ -543,6 +563,8 @@ def part_d(run: Run, precision: str) -> None:
     base = dict(workload=w, strategy="one_device", devices=[run.device], all_reduce="auto", precision=precision,
                 sample_utilization=run.gpu, dir=run.workdir)
     specs = {"tfdist arrays": dict(base, variant="tfdist arrays", kind="tfdist"),
+             "tfdist graph gather": dict(base, variant="tfdist graph gather", kind="tfdist", gather_in_graph=True),
+             "plain tf.data": dict(base, variant="plain tf.data", kind="plain"),
              "synthetic": dict(base, variant="synthetic", kind="synthetic")}
     files = hasattr(tfdist, "TFRecordSource")
     if files:
@@ -550,7 +572,7 @@ def part_d(run: Run, precision: str) -> None:
     runs = run.lockstep(specs, "d")
     run.results["d"] = {"runs": runs}
     synthetic = runs["synthetic"]
-    for name in ("tfdist arrays", "tfdist TFRecord"):
+    for name in ("tfdist arrays", "tfdist graph gather", "plain tf.data", "tfdist TFRecord"):
         if name not in runs:
             run.rows.append(("(d) input stall with tfdist's TFRecord file source",
                              "not measured: this tfdist has no `tfdist.TFRecordSource` (built on another branch; "
@@ -561,13 +583,25 @@ def part_d(run: Run, precision: str) -> None:
         utilization = [v for r in runs[name] for epoch in r["utilization"] for v in epoch]
         util = (f"; nvidia-smi utilization.gpu {sum(utilization) / len(utilization):.0f} % "
                 f"(mean of {len(utilization)} samples)" if utilization else "; nvidia-smi: n/a")
-        source = "in-memory arrays" if name == "tfdist arrays" else "a TFRecord file (`tfdist.TFRecordSource`)"
+        source = {"tfdist arrays": "tfdist's pipeline on in-memory arrays",
+                  "tfdist graph gather": "tfdist's pipeline on in-memory arrays read by `tf.gather` from CPU tensors "
+                                         "instead of `tf.numpy_function` (benchmark-only variant)",
+                  "plain tf.data": "plain `model.fit` on `from_tensor_slices(...).shuffle().batch().prefetch()` "
+                                   "((a)'s baseline)",
+                  "tfdist TFRecord": "tfdist's pipeline on a TFRecord file (`tfdist.TFRecordSource`)"}[name]
         run.rows.append((
-            f"(d) input stall, tfdist's pipeline on {source}: 1 - synthetic step / tfdist step, {precision}, "
+            f"(d) input stall, {source}: 1 - synthetic step / this step, {precision}, "
             f"one_device {run.device}, batch {run.workload.batch}",
-            f"**{_common.fmt(stall, 100, ' %')}**; tfdist {_common.fmt(_common.summary_of(runs[name], 'step_seconds'), 1e3, ' ms')}, "
+            f"**{_common.fmt(stall, 100, ' %')}**; this {_common.fmt(_common.summary_of(runs[name], 'step_seconds'), 1e3, ' ms')}, "
             f"synthetic {_common.fmt(_common.summary_of(synthetic, 'step_seconds'), 1e3, ' ms')}{util}",
             "(≈ 0: report)", "–"))
+    ratio = _common.paired(runs["plain tf.data"], runs["tfdist arrays"], "step_seconds")
+    run.results["d"]["tfdist / plain"] = ratio
+    run.rows.append((
+        f"(d) step time tfdist / plain `model.fit` ((a)'s figure, measured again beside (d)'s variants), {precision}",
+        f"**{_common.fmt_ratio(ratio)}**; `tf.gather` variant / tfdist's reader "
+        f"{_common.fmt_ratio(_common.paired(runs['tfdist arrays'], runs['tfdist graph gather'], 'step_seconds'))}",
+        f"≤ {TARGET_OVERHEAD}", run.verdict(ratio["median"], TARGET_OVERHEAD)))
     run.notes.append("(d): synthetic = plain `model.fit` on `Dataset.from_tensors(one batch).repeat().prefetch()` (still copied "
                      "to the device each step, as any input is); a stall near 0 means tfdist's pipeline keeps the "
                      f"GPU fed. The TFRecord row {'ran' if files else 'did not run: no tfdist.TFRecordSource here'}.")

@@ -54,7 +54,7 @@ def main() -> int:
     if shutil.which("zstd") is None:
         print("stage.py: needs the zstd program here (apt-get install zstd)", file=sys.stderr)
         return 2
-    if subprocess.run(["git", "check-ignore", "-q", ".gpu0"], cwd=REPO).returncode != 0:
+    if subprocess.run(["git", "check-ignore", "-q", ".gpu0/"], cwd=REPO).returncode != 0:
         print("stage.py: .gpu0/ is not git-ignored; add the line /.gpu*/ to .git/info/exclude first", file=sys.stderr)
         return 2
     cache, limit = args.cache, args.chunk_mib * 2**20

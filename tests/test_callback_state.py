@@ -113,6 +113,63 @@ def test_a_csv_logger_appends_in_a_resumed_run_only(keras_name, tmp_path):
     assert (fresh.append, resumed.append) == (False, True)
 
 
+def test_a_resumed_csv_logger_loses_the_rows_written_after_its_checkpoint_and_keeps_the_rest(tmp_path):
+    import keras
+
+    path = tmp_path / "log.csv"
+    # An earlier run's rows (epochs 0-3), then this run's, killed after epoch 3's row and before
+    # the checkpoint of that epoch's end was complete: it resumes in epoch 2.
+    earlier = "epoch;loss\r\n0;0.9\r\n1;0.8\r\n2;0.7\r\n3;0.6\r\n"
+    path.write_text(earlier + "0;0.5\r\n1;0.4\r\n2;0.3\r\n3;0.2\r\n", newline="")
+    logger = keras.callbacks.CSVLogger(str(path), separator=";")
+    CallbackState([logger], model=None).prepare(resuming=True, epoch=2)
+    assert path.read_bytes().decode() == earlier + "0;0.5\r\n1;0.4\r\n"
+    assert logger.append
+    before = path.stat().st_mtime_ns
+    CallbackState([logger], model=None).prepare(resuming=True, epoch=2)  # nothing more to take off
+    assert path.stat().st_mtime_ns == before
+    CallbackState([keras.callbacks.CSVLogger(str(tmp_path / "absent.csv"))], model=None).prepare(resuming=True, epoch=1)
+    assert not (tmp_path / "absent.csv").exists()
+
+
+_KILLED_CSV_RUN = """
+import sys, numpy as np, keras, tfdist
+directory = sys.argv[1]
+x = np.random.default_rng(0).random((40, 8)).astype("float32")
+y = (x.sum(axis=1) > 4).astype("int32")
+def build():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+tfdist.fit(build, (x, y), epochs=4, batch_size=8, seed=1, strategy="one_device", verbose=0,
+           checkpoint_dir=directory + "/ckpt", callbacks=[keras.callbacks.CSVLogger(directory + "/log.csv")])
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_run_killed_while_an_epochs_save_is_in_flight_writes_that_epochs_csv_row_once(procs, tmp_path):
+    import signal
+    import sys
+
+    from conftest import base_env
+
+    def run(directory, fault=None):
+        environ = base_env(**({"TFDIST_FAULT": fault} if fault else {}))
+        return procs.run([sys.executable, "-c", _KILLED_CSV_RUN, str(directory)], timeout=240, env=environ)
+
+    code, out = run(tmp_path / "reference")
+    assert code == 0, out[-3000:]
+    # 5 steps an epoch: killed as epoch 1's end save starts, after its row was written.
+    code, out = run(tmp_path / "killed", fault="kill_after_save:10")
+    assert code == -signal.SIGKILL, out[-3000:]
+    code, out = run(tmp_path / "killed")
+    assert code == 0, out[-3000:]
+    reference = _rows(tmp_path / "reference" / "log.csv")
+    assert [row[0] for row in reference] == ["epoch", "0", "1", "2", "3"]
+    assert _rows(tmp_path / "killed" / "log.csv") == reference
+
+
 # --- whole runs ------------------------------------------------------------------------------
 def _build(keras_name: str):
     def make():

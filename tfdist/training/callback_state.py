@@ -13,7 +13,8 @@ own ``on_train_begin`` (which resets them):
 * any callback with ``state_dict()`` (a dict of numbers, strings, lists, dicts) and
   ``load_state_dict(state)``, as in Lightning: its own state, besides the registry's.
 
-A ``CSVLogger`` of a resumed run appends to its file instead of starting it again.
+A ``CSVLogger`` of a resumed run appends to its file instead of starting it again, after taking
+off the rows written after the checkpoint it resumes from (the run writes them again).
 Callbacks are matched to the saved state by position and class; what does not match starts
 afresh, with a warning.
 
@@ -106,6 +107,32 @@ def _plain(value: Any, *, where: str) -> Any:
     )
 
 
+def _drop_rows_from(path: str, *, separator: str, epoch: int) -> None:
+    """Takes off the end of a CSVLogger file the rows of epochs ``epoch`` and later: the last
+    ones, up to a row of an earlier epoch (rows above it, of another run, stay). The file is
+    replaced atomically, and left as it is when there is nothing to take off."""
+    import csv
+
+    from tfdist import storage
+
+    try:
+        text = storage.read_text(path)
+    except (OSError, UnicodeDecodeError):
+        return  # no file yet, or not one CSVLogger wrote: nothing of this run to take off
+    lines = text.splitlines(keepends=True)
+    keep = len(lines)
+    while keep > 1:  # line 0 is the header
+        fields = next(csv.reader([lines[keep - 1]], delimiter=separator), [])
+        if not fields or not fields[0].strip().isdigit() or int(fields[0]) < epoch:
+            break
+        keep -= 1
+    if keep == len(lines):
+        return
+    storage.write_atomic(path, "".join(lines[:keep]))
+    log.info("CSVLogger(%r): took off %d row(s) of epoch %d on, written after the checkpoint this run resumes "
+             "from; the run writes them again", path, len(lines) - keep, epoch)
+
+
 class CallbackState:
     """The state of ``callbacks`` for one run's checkpoints.
 
@@ -143,14 +170,19 @@ class CallbackState:
                 setattr(self.arrays, _attribute(key), slot)
 
     # --- before and after the callbacks' on_train_begin ------------------------------------
-    def prepare(self, *, resuming: bool) -> None:
-        """Before the run's callbacks start: a resumed run's CSVLogger appends to its file."""
+    def prepare(self, *, resuming: bool, epoch: int = 0) -> None:
+        """Before the run's callbacks start: a resumed run's CSVLogger appends to its file, from
+        which the rows of ``epoch`` (the one the run resumes in) and later are taken off first:
+        they were written after the checkpoint it resumes from, and the run writes them again."""
         if not resuming:
             return
         for cb in self._callbacks:
-            if _keras_class(cb, ("CSVLogger",)) and not cb.append:
+            if not _keras_class(cb, ("CSVLogger",)):
+                continue
+            if not cb.append:
                 cb.append = True
                 log.info("CSVLogger(%r) appends to its file in this resumed run", getattr(cb, "filename", "?"))
+            _drop_rows_from(str(getattr(cb, "filename", "")), separator=getattr(cb, "sep", ","), epoch=epoch)
 
     def resume_from(self, saved: dict | None, *, arrays_restored: bool) -> None:
         """The state a checkpoint recorded (``Metadata.callbacks``), to be put back by :meth:`restore`."""

@@ -388,7 +388,8 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         task_name=cluster.task_name, run_metadata=run, callback_arrays=callback_state.arrays,
     )
     point = checkpointer.restore()
-    callback_state.prepare(resuming=point is not None)
+    callback_state.prepare(resuming=point is not None,
+                           epoch=point.global_step // plan.steps_per_epoch if point is not None else 0)
     if point is not None:
         callback_state.resume_from(point.metadata.callbacks, arrays_restored=checkpointer.callback_arrays_restored)
     if point is not None:

@@ -96,6 +96,22 @@ def test_every_example_once_per_epoch_and_each_epoch_differs(source, two_replica
     assert _read(source, _plan(source, replicas=2, batch=16, seed=6)) != batches
 
 
+def test_training_batches_have_a_static_batch_size_even_when_parse_fn_leaves_it_unknown(source):
+    import tensorflow as tf
+
+    def parse_reshaped(serialized):  # bytes decoded, then reshape(-1, ...): the batch size is unknown to the graph
+        _, y = parse_ids(serialized)
+        raw = tf.io.decode_raw(tf.strings.substr(serialized, 0, 4), tf.uint8)
+        return tf.cast(tf.reshape(raw, [-1, 2, 2]), tf.float32), y
+
+    reshaped = data.TFRecordSource(source.paths, parse_reshaped)
+    plan = _plan(reshaped, replicas=2, batch=16)
+    ds = data.dataset_fn(reshaped, plan, start_step=0, stop_step=plan.total_steps)(None)
+    x_spec, y_spec = ds.element_spec
+    assert x_spec.shape.as_list() == [8, 2, 2] and y_spec.shape.as_list() == [8]
+    assert all(x.shape == (8, 2, 2) for x, _ in ds.take(3).as_numpy_iterator())
+
+
 def test_validation_reads_every_record_once_in_batches_whose_count_keras_is_told(source):
     import warnings
 

@@ -361,7 +361,8 @@ class TFRecordSource:
             epochs = tf.data.Dataset.range(first_epoch, last_epoch + 1 if last_epoch is not None else 2**62)
             ds = epochs.flat_map(epoch_dataset)
             ds = ds.map(lambda s: tf.ensure_shape(s, shape)).map(
-                lambda s: parse(s), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                lambda s: _with_batch_size(parse(s), shape[0]), num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True)
             return ds
 
         return make
@@ -371,6 +372,23 @@ class TFRecordSource:
         self.sample(1)  # checks parse_fn
         tables = self._tables()
         return _read_range(tables, begin, end)
+
+
+def _with_batch_size(element, size: int):
+    """``element``'s dense tensors with their first dimension known to be ``size``.
+
+    A parse function's ``reshape(-1, ...)`` or ``decode_raw`` leaves the batch dimension unknown,
+    and the training step would be traced for any batch size, where an in-memory source's
+    batches have it; every training batch of a file source is full (parse_fn's first dimension
+    is the number of records: ``_check_parse_fn``), so the step gets the same static shapes."""
+    import tensorflow as tf
+
+    def pin(t):
+        if not isinstance(t, tf.Tensor) or t.shape.rank in (None, 0):
+            return t
+        return tf.ensure_shape(t, [size, *t.shape.as_list()[1:]])
+
+    return tf.nest.map_structure(pin, element)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,6 +146,18 @@ def test_refusals_name_the_problem_and_the_fix():
     with pytest.raises(ModelError, match="must be a compiled Keras model .* received builtins.str. Fix:"):
         tfdist.fit("not a model", "digits", strategy="one_device", verbose=0)
 
+    class OwnStep(tf_keras.Sequential):  # accumulation would run Keras' step instead of this one
+        def train_step(self, data):
+            return super().train_step(data)
+
+    def own_step():
+        model = OwnStep([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
+        model.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with pytest.raises(ModelError, match="grad_accum_steps=2 with a model whose class OwnStep overrides train_step. Fix:"):
+        tfdist.fit(own_step, "digits", strategy="one_device", verbose=0, batch_size=64, grad_accum_steps=2)
+
 
 def test_gradient_accumulation_equals_the_large_batch_under_one_device():
     big = tfdist.fit(_linear_sgd, "digits", epochs=2, batch_size=64, seed=1, deterministic=True,
@@ -203,6 +215,12 @@ _TWO_CPUS = textwrap.dedent(
     acc = tfdist.fit(linear, "digits", epochs=1, batch_size=64, grad_accum_steps=2, strategy="mirrored", devices=devices, seed=1, deterministic=True, verbose=0)
     out["accum_maxdiff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(big.model.get_weights(), acc.model.get_weights()))
     out["accum_micro"] = acc.tfdist.micro_batch_size
+    # central_storage: each micro step updates metrics and BatchNormalization through merge_call,
+    # which TensorFlow refuses inside a tf.while_loop; the micro steps are unrolled there.
+    big = tfdist.fit(linear, "digits", epochs=1, batch_size=64, strategy="central_storage", devices=devices, seed=1, deterministic=True, verbose=0)
+    acc = tfdist.fit(linear, "digits", epochs=1, batch_size=64, grad_accum_steps=2, strategy="central_storage", devices=devices, seed=1, deterministic=True, verbose=0)
+    out["cs_accum_maxdiff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(big.model.get_weights(), acc.model.get_weights()))
+    out["cs_accum_cnn_loss"] = tfdist.fit(cnn, "digits", epochs=1, batch_size=64, grad_accum_steps=2, strategy="central_storage", devices=devices, seed=0, verbose=0).history["loss"]
     mp = tfdist.fit(cnn, "digits", epochs=1, batch_size=64, strategy="mirrored", devices=devices, mixed_precision="mixed_float16", seed=0, verbose=0)
     out["mp"] = {"optimizer": type(mp.model.optimizer).__name__, "loss": mp.history["loss"][0], "replicas": mp.tfdist.num_replicas}
     print("RESULT " + json.dumps(out))
@@ -220,6 +238,7 @@ def test_mirrored_and_central_storage_on_two_logical_cpus(procs):
     assert result["mirrored"]["all_reduce"] == "reduce_to_one"  # auto on logical CPUs
     assert result["central_storage"]["all_reduce"] is None
     assert result["accum_micro"] == 16 and result["accum_maxdiff"] < 1e-5
+    assert result["cs_accum_maxdiff"] < 1e-5 and np.isfinite(result["cs_accum_cnn_loss"][0])
     assert result["mp"]["optimizer"].startswith("LossScaleOptimizer") and result["mp"]["replicas"] == 2
     assert np.isfinite(result["mp"]["loss"])
 

@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist.errors import ModelError
-from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, compile_fix, defined_in,
-                                          fresh_metrics, merged_history, model_fingerprint, not_a_model,
-                                          warn_low_precision_outputs)
+from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
+                                          compile_fix, defined_in, fresh_metrics, merged_history, model_fingerprint,
+                                          not_a_model, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -185,14 +185,19 @@ def _aggregate_schedule_variable(optimizer, strategy) -> None:
         )
 
 
-def install_grad_accumulation(model, steps: int) -> None:
+def install_grad_accumulation(model, steps: int, *, unrolled: bool = False) -> None:
     """Makes each train step split its batch into ``steps`` micro batches and apply their mean
-    gradient once: one cross-replica reduction and one optimizer iteration per step."""
+    gradient once: one cross-replica reduction and one optimizer iteration per step.
+
+    ``unrolled`` repeats the micro step in the graph instead of a ``tf.while_loop``: needed
+    under central_storage, where updating a metric or a moving statistic is a ``merge_call``,
+    which TensorFlow refuses inside a loop (as ``keras3.accumulating_train_step``)."""
     import tensorflow as tf
     import tf_keras
 
     if steps == 1:
         return
+    check_own_train_step(model, tf_keras.Model, steps)
     from tf_keras.src.engine import data_adapter
 
     optimizer = model.optimizer
@@ -220,9 +225,13 @@ def install_grad_accumulation(model, steps: int) -> None:
             self.compiled_metrics.update_state(yi, y_pred, wi)  # results are read once, after the loop
             return i + 1, [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
 
-        _, total = tf.while_loop(
-            lambda i, _: i < steps, micro_step, (tf.constant(0), [tf.zeros_like(v) for v in variables])
-        )
+        state = (tf.constant(0), [tf.zeros_like(v) for v in variables])
+        if unrolled:
+            for _ in range(steps):
+                state = micro_step(*state)
+            total = state[1]
+        else:
+            _, total = tf.while_loop(lambda i, _: i < steps, micro_step, state)
         optimizer.apply_gradients(zip([t / steps for t in total], variables))
         return self.get_metrics_result()
 
@@ -251,7 +260,10 @@ class TfKeras:
 
     def prepare(self, model, *, sample, grad_accum_steps: int) -> None:
         """Installs accumulation and creates every variable now (a checkpoint restores into them)."""
-        install_grad_accumulation(model, grad_accum_steps)
+        from tfdist import strategy as strategy_mod
+
+        install_grad_accumulation(model, grad_accum_steps,
+                                  unrolled=strategy_mod.name_of(self.strategy) == strategy_mod.CENTRAL_STORAGE)
         build_state(model, sample)
 
     def state(self, model):

@@ -22,8 +22,9 @@ import logging
 from typing import Any
 
 from tfdist.errors import ModelError
-from tfdist.training.keras_common import (carry_weight_decay_exclusions, compile_fix, defined_in, fresh_metrics,
-                                          merged_history, model_fingerprint, not_a_model, warn_low_precision_outputs)
+from tfdist.training.keras_common import (carry_weight_decay_exclusions, check_own_train_step, compile_fix, defined_in,
+                                          fresh_metrics, merged_history, model_fingerprint, not_a_model,
+                                          warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -336,11 +337,7 @@ def check_accumulation(model, strategy, steps: int) -> None:
             f"gradient accumulation is not supported under parameter_server; received grad_accum_steps={steps}. "
             "Fix: use a synchronous strategy, or a larger per-worker batch instead."
         )
-    if type(model).train_step is not keras.Model.train_step:
-        raise ModelError(
-            f"gradient accumulation runs Keras' own train step on each micro batch; received a model whose class "
-            f"{type(model).__name__} overrides train_step. Fix: accumulate in your train_step, or use grad_accum_steps=1."
-        )
+    check_own_train_step(model, keras.Model, steps)
     if getattr(model.optimizer, "gradient_accumulation_steps", None):
         raise ModelError(
             f"the optimizer accumulates gradients itself; received gradient_accumulation_steps="

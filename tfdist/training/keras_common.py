@@ -1,7 +1,7 @@
 """What the two Keras adapters (``keras3``, ``keras2``) share: which package a model comes from,
 its structural fingerprint, the History of a whole run, the low-precision output warning, a
 cache of the last model's functions, what an optimizer's copy needs besides its config, the fix
-for a model tfdist cannot use."""
+for a model tfdist cannot use, the refusal to accumulate over a model's own train_step."""
 
 from __future__ import annotations
 
@@ -32,6 +32,17 @@ def not_a_model(obj: Any, *, use: str, kind: str = "Keras model", what: str = "m
         fix = f"pass a Keras model: the one fit returned (history.model), or one loaded with load_model, to {use}."
     return ModelError(f"the {what} must be {compiled} {kind}; received {type(obj).__module__}.{type(obj).__name__}. "
                       f"Fix: {fix}")
+
+
+def check_own_train_step(model, base_class, steps: int) -> None:
+    """Refuses gradient accumulation for a model whose class overrides ``train_step``: tfdist's
+    accumulation runs Keras' own step on each micro batch, and would replace the model's."""
+    if type(model).train_step is not base_class.train_step:
+        raise ModelError(
+            f"gradient accumulation runs Keras' own train step on each micro batch; received grad_accum_steps={steps} "
+            f"with a model whose class {type(model).__name__} overrides train_step. Fix: accumulate in your "
+            "train_step, or use grad_accum_steps=1."
+        )
 
 
 def compile_fix(use: str) -> str:

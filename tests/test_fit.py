@@ -180,6 +180,10 @@ def test_mixed_precision_under_one_device():
     assert np.isfinite(history.history["loss"][0])
     with pytest.raises(ModelError, match="mixed_precision"):
         tfdist.fit(CNN, "digits", mixed_precision="float8", strategy="one_device", verbose=0)
+    # tf_keras refuses loss scaling under central_storage deep in its first step; tfdist before building anything.
+    with pytest.raises(ModelError, match="mixed_float16 needs loss scaling.*received strategy='central_storage'. "
+                                         "Fix: use mixed_precision='mixed_bfloat16'"):
+        tfdist.fit(CNN, "digits", mixed_precision="mixed_float16", strategy="central_storage", verbose=0)
 
 
 def test_a_tf_data_stream_of_unknown_length_trains():

@@ -13,6 +13,7 @@ import logging
 from typing import Any, Sequence
 
 from tfdist import _checks
+from tfdist import strategy as strategy_mod
 from tfdist.errors import ModelError
 from tfdist.training import keras2, keras3, keras_common
 
@@ -55,6 +56,22 @@ def set_seed(seed: int) -> None:
 
     tf_keras.utils.set_random_seed(seed)
     keras.utils.set_random_seed(seed)
+
+
+LOSS_SCALING_STRATEGIES = (strategy_mod.ONE_DEVICE, strategy_mod.MIRRORED, strategy_mod.MULTI_WORKER_MIRRORED)
+"""Where TensorFlow's loss scaling (mixed_float16) works: one copy of each variable per replica.
+tf_keras refuses the others (``strategy_supports_loss_scaling``), and Keras 3's loss-scale
+optimizer fails in its first step under central_storage (an aggregating variable's update)."""
+
+
+def check_precision(precision: str | None, *, strategy: str) -> None:
+    """Refuses ``mixed_float16`` where loss scaling cannot run, before anything is built."""
+    if precision == "mixed_float16" and strategy not in LOSS_SCALING_STRATEGIES:
+        raise ModelError(
+            f"mixed_float16 needs loss scaling, which TensorFlow runs only where each replica holds its own copy of "
+            f"the variables ({', '.join(LOSS_SCALING_STRATEGIES)}); received strategy={strategy!r}. Fix: use "
+            "mixed_precision='mixed_bfloat16' (no loss scaling), or strategy='mirrored'."
+        )
 
 
 @contextlib.contextmanager

@@ -140,6 +140,7 @@ def fit(
             collective_timeout=collective_timeout,
         )
         traits = strategy_mod.traits(strat, cluster)
+        model_mod.check_precision(mixed_precision, strategy=traits.name)
         # 2. Data plan.
         shape = _data_plan(
             data, validation_data, strat, traits, validation_split=validation_split, validation_freq=validation_freq,

@@ -184,6 +184,16 @@ def test_mixed_precision_under_one_device():
     with pytest.raises(ModelError, match="mixed_float16 needs loss scaling.*received strategy='central_storage'. "
                                          "Fix: use mixed_precision='mixed_bfloat16'"):
         tfdist.fit(CNN, "digits", mixed_precision="mixed_float16", strategy="central_storage", verbose=0)
+    # Under parameter_server tf_keras' compile refuses it (Keras 3 trains); its ValueError, one line with the fix.
+    # (It raises the same under central_storage, which reaches it here: fit refuses that first.)
+    import tensorflow as tf
+
+    from tfdist.training import model as model_mod
+
+    central = tf.distribute.experimental.CentralStorageStrategy(["/cpu:0"])
+    with pytest.raises(ModelError, match="tf_keras runs mixed_float16's loss scaling only under one_device, mirrored "
+                                         "and multi_worker_mirrored; received CentralStorageStrategy. Fix: "):
+        model_mod.resolve(CNN, central, precision="mixed_float16")
 
 
 def test_a_tf_data_stream_of_unknown_length_trains():

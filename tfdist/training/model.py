@@ -58,20 +58,30 @@ def set_seed(seed: int) -> None:
     keras.utils.set_random_seed(seed)
 
 
-LOSS_SCALING_STRATEGIES = (strategy_mod.ONE_DEVICE, strategy_mod.MIRRORED, strategy_mod.MULTI_WORKER_MIRRORED)
-"""Where TensorFlow's loss scaling (mixed_float16) works: one copy of each variable per replica.
-tf_keras refuses the others (``strategy_supports_loss_scaling``), and Keras 3's loss-scale
-optimizer fails in its first step under central_storage (an aggregating variable's update)."""
-
-
 def check_precision(precision: str | None, *, strategy: str) -> None:
-    """Refuses ``mixed_float16`` where loss scaling cannot run, before anything is built."""
-    if precision == "mixed_float16" and strategy not in LOSS_SCALING_STRATEGIES:
+    """Refuses ``mixed_float16`` under central_storage before anything is built: its loss scaling
+    needs one copy of each variable per replica. tf_keras refuses it in ``compile``, and Keras
+    3's loss-scale optimizer fails in its first step (an aggregating variable's update)."""
+    if precision == "mixed_float16" and strategy == strategy_mod.CENTRAL_STORAGE:
         raise ModelError(
-            f"mixed_float16 needs loss scaling, which TensorFlow runs only where each replica holds its own copy of "
-            f"the variables ({', '.join(LOSS_SCALING_STRATEGIES)}); received strategy={strategy!r}. Fix: use "
-            "mixed_precision='mixed_bfloat16' (no loss scaling), or strategy='mirrored'."
+            f"mixed_float16 needs loss scaling, which does not run where the replicas share one copy of the "
+            f"variables; received strategy={strategy!r}. Fix: use mixed_precision='mixed_bfloat16' (no loss "
+            "scaling), or strategy='mirrored'."
         )
+
+
+def _loss_scaling_refused(error: ValueError, precision: str) -> ModelError | None:
+    """tf_keras' refusal of loss scaling under a strategy (parameter_server), raised by the
+    builder's ``compile``, as one line with the fix; None for any other error."""
+    message = str(error)
+    if precision != "mixed_float16" or "Mixed precision is not supported with the tf.distribute.Strategy" not in message:
+        return None
+    strategy = message.split("Strategy: ", 1)[1].split(".", 1)[0]
+    return ModelError(
+        f"tf_keras runs mixed_float16's loss scaling only under one_device, mirrored and multi_worker_mirrored; "
+        f"received {strategy}. Fix: use mixed_precision='mixed_bfloat16' (no loss scaling), or build the model "
+        "with Keras 3 (import keras; tfdist train --keras 3), whose loss scaling tfdist runs there."
+    )
 
 
 @contextlib.contextmanager
@@ -114,7 +124,13 @@ def resolve(model: Any, strategy, *, precision: str = "float32"):
     tf_keras.backend.experimental.enable_tf_random_generator()
     if callable(model) and not is_model(model):
         with precision_policy(precision), keras3.building_scope(strategy):
-            built = model()
+            try:
+                built = model()
+            except ValueError as e:
+                refused = _loss_scaling_refused(e, precision)
+                if refused is None:
+                    raise
+                raise refused from None
         adapter = adapter_for(built, strategy, what="model returned by the builder function")
         adapter.check(built)
     else:

@@ -11,8 +11,11 @@ list of ``[ROLE:INDEX/]EVENT:STEP`` items:
                          off), which goes on where it stopped when it receives SIGCONT.
 * ``int_at_step:N``      SIGINT to itself after step N: Ctrl-C.
 
-With a ``ROLE:INDEX/`` prefix only that task fires. Faults fire only on the first run of a
-cluster (``TFDIST_RESTART`` unset or 0), so that a restarted job runs to the end.
+A fault fires at the first step end the training loop reports at or after N: step N itself,
+except with ``steps_per_execution=k``, where the loop reports every k-th step only (and
+``kill_after_save:N`` fires after the first save at or after step N). With a
+``ROLE:INDEX/`` prefix only that task fires. Faults fire only on the first run of a cluster
+(``TFDIST_RESTART`` unset or 0), so that a restarted job runs to the end.
 """
 
 from __future__ import annotations
@@ -60,9 +63,16 @@ class Faults:
         self._faults = parse(env.get(env.TFDIST_FAULT, environ), task_name=task_name) if first_run else {}
 
     def fire(self, event: str, step: int) -> None:
-        sig = self._faults.pop((event, step), None)
-        if sig is None:
+        """Fires ``event``'s fault of step ``step``, or of an earlier step that was never
+        reported: with ``steps_per_execution=k`` the loop reports only every k-th step."""
+        due = [asked for (name, asked) in self._faults if name == event and asked <= step]
+        if not due:
             return
-        sys.stderr.write(f"tfdist: {env.TFDIST_FAULT}: {event} at step {step}: sending {signal.Signals(sig).name} to itself\n")
+        sig = None
+        for asked in due:
+            sig = self._faults.pop((event, asked))
+        late = f" (asked for step {max(due)}: the first step end reported at or after it)" if max(due) != step else ""
+        sys.stderr.write(f"tfdist: {env.TFDIST_FAULT}: {event} at step {step}{late}: sending "
+                         f"{signal.Signals(sig).name} to itself\n")
         sys.stderr.flush()
         os.kill(os.getpid(), sig)

@@ -374,6 +374,21 @@ def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_no
     assert _tree_digest(tmp_path) == before
 
 
+def test_a_save_the_state_file_never_listed_is_made_again_in_its_place_not_kept_as_a_copy(tmp_path, caplog):
+    from tfdist.checkpoint import layout
+
+    reference = _fit(tmp_path / "reference", epochs=2)
+    _fit(tmp_path, epochs=1)  # 15 steps: saves at 3, 6, 9, 12, (keep 3) and 15
+    # Killed after step 15's files were written, before the state file listed them (an async save in flight).
+    layout.write_state(str(tmp_path), [str(tmp_path / "ckpt-9"), str(tmp_path / "ckpt-12")])
+    with caplog.at_level("INFO", logger="tfdist"):
+        resumed = _fit(tmp_path, epochs=2)
+    assert resumed.tfdist.start_step == 12 and resumed.history == reference.history
+    assert "removed ckpt-15: this run's save of that step, never listed" in caplog.text
+    assert not glob.glob(str(tmp_path / "*.replaced-*"))
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path)))
+
+
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
     _fit(tmp_path, epochs=1)  # 15 steps: saves at 3, 6, 9, 12, (keep 3) and 15
     latest = max(glob.glob(str(tmp_path / "ckpt-*.index")), key=lambda p: int(p.split("-")[-1].split(".")[0]))

@@ -330,10 +330,18 @@ class Checkpointer:
             raise
 
     def _quarantine_existing(self, step: int) -> None:
-        """Moves aside an existing checkpoint of ``step`` (e.g. a corrupt one resume skipped) instead of overwriting it."""
+        """Moves aside an existing checkpoint of ``step`` (e.g. a corrupt one resume skipped)
+        instead of overwriting it -- unless it is this run's own save that was never confirmed."""
         prefix = layout.prefix_for(self.directory, step)
         files = layout.checkpoint_files(prefix)
         if not files:
+            return
+        if self._unconfirmed_own_save(prefix):
+            for path in files + [layout.metadata_path(prefix)]:
+                if storage.exists(path):
+                    storage.remove(path)
+            log.info("removed %s: this run's save of that step, never listed (the process ended while it was being "
+                     "written), is being made again", storage.basename(prefix))
             return
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for path in files + [layout.metadata_path(prefix)]:
@@ -341,6 +349,21 @@ class Checkpointer:
                 storage.rename(path, layout.replaced_name(path, stamp))
         log.warning("an earlier %s was kept as %s.*.replaced-%s before saving the new one",
                     storage.basename(prefix), storage.basename(prefix), stamp)
+
+    def _unconfirmed_own_save(self, prefix: str) -> bool:
+        """True for a save of this run that a kill interrupted before the state file listed it:
+        later than every checkpoint the state file lists, and recorded by the same run (its
+        metadata's must-match fields and Keras are this run's). Resume went on from an earlier
+        checkpoint, so nothing depended on it; keeping a copy of it at every such kill would fill
+        the disk of a job preempted often. A listed one (corrupt, skipped by resume), one of
+        another run, or any without a state file that lists checkpoints is set aside instead."""
+        listed = layout.checkpoint_paths(self.directory, listed_only=True)
+        steps = [layout.step_of(p) for p in listed]
+        if not steps or None in steps or layout.step_of(prefix) <= max(steps):
+            return False
+        saved = layout.read_metadata(prefix)
+        return (saved is not None and not self.run_metadata.differences(saved)
+                and self.run_metadata.keras_difference(saved) is None)
 
     def _set_aside_unreadable_state(self) -> None:
         """Moves aside a state file that names no checkpoint (emptied, damaged, written over),

@@ -121,6 +121,7 @@ def test_compose_has_one_service_per_task_sharing_the_runs_volume():
         assert service["build"] == {"context": ".", "dockerfile": "docker/Dockerfile"}  # printed: saved in the root
         assert service["command"] == shlex.split(manifests.DEFAULT_COMMAND)
         assert service["volumes"] == ["runs:/runs"]
+        assert service["stop_grace_period"] == f"{manifests.GRACE_SECONDS}s"  # compose's 10 s would cut a save
         spec = parse_tf_config(service["environment"]["TF_CONFIG"])
         assert spec.task_address == f"{name}:2222"  # the address of a task is its service name
 
@@ -218,7 +219,7 @@ def test_k8s_pods_resolve_through_the_headless_service():
         labels = pod["metadata"]["labels"]
         assert all(labels[k] == v for k, v in service["spec"]["selector"].items())
         spec = pod["spec"]
-        assert spec["restartPolicy"] == "OnFailure"
+        assert spec["restartPolicy"] == "OnFailure" and spec["terminationGracePeriodSeconds"] == manifests.GRACE_SECONDS
         assert spec["subdomain"] == service["metadata"]["name"]
         (container,) = spec["containers"]
         (variable,) = container["env"]
@@ -259,6 +260,10 @@ def test_tfjob_annotation_is_what_kubeflow_writes(name):
     replicas = job["spec"]["tfReplicaSpecs"]
     assert set(replicas) <= {"Chief", "Worker", "PS", "Evaluator"}
     assert all(r["restartPolicy"] == "OnFailure" for r in replicas.values())
+    # Bounded: a bad input's exit 2 would otherwise restart for ever (Kubeflow's ExitCode policy fails on 75 and 76).
+    assert job["spec"]["runPolicy"] == {"backoffLimit": manifests.TFJOB_BACKOFF_LIMIT}
+    assert all(r["template"]["spec"]["terminationGracePeriodSeconds"] == manifests.GRACE_SECONDS
+               for r in replicas.values())
     cluster = _kubeflow_cluster(job)
     configs = manifests.tfjob_tf_configs(description)
     assert configs == json.loads(job["metadata"]["annotations"]["tfdist/tf-configs"])

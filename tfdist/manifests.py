@@ -34,6 +34,13 @@ DEFAULT_COMMAND = "tfdist train --output-dir /runs --summary-json /runs/summary.
 DEFAULT_NAME = "tfdist"
 DEFAULT_NAMESPACE = "default"
 RUNS_VOLUME, RUNS_MOUNT = "runs", "/runs"
+GRACE_SECONDS = 120
+"""How long a stopped task has between SIGTERM and SIGKILL (Kubernetes' default is 30 s, compose's
+10 s): tfdist saves at the end of the current step on SIGTERM, which must fit in it."""
+TFJOB_BACKOFF_LIMIT = 10
+"""Restarts a TFJob allows before it fails: every restart counts (a preemption's exit 75, a lost
+peer's 76), and without a limit a bad input's exit 2 would restart for ever. Kubeflow's
+``ExitCode`` policy cannot tell them apart: it takes 75 and 76 for permanent failures."""
 """Every task mounts one shared volume here: workers restore from the chief's checkpoints."""
 
 TF_CONFIGS_ANNOTATION = "tfdist/tf-configs"
@@ -336,6 +343,7 @@ def _compose(description: JobDescription, *, output: str | None) -> str:
             "command": _argv(description),
             "environment": {env.TF_CONFIG: env.tf_config_value(config)},
             "volumes": [f"{RUNS_VOLUME}:{RUNS_MOUNT}"],
+            "stop_grace_period": f"{GRACE_SECONDS}s",
         }
     document = {"name": description.name, "services": services, "volumes": {RUNS_VOLUME: {}}}
     if output is None:
@@ -389,8 +397,11 @@ def _volumes(description: JobDescription) -> list[dict]:
     return [{"name": RUNS_VOLUME, "persistentVolumeClaim": {"claimName": f"{description.name}-{RUNS_VOLUME}"}}]
 
 
-def _apply_note(output: str | None) -> str:
-    return f"# Apply: kubectl apply -f {output or '<this file>'}\n"
+def _apply_note(description: JobDescription, output: str | None) -> str:
+    return (f"# Apply: kubectl apply -f {output or '<this file>'}\n"
+            f"# Stop:  kubectl -n {description.namespace} delete {{kinds}} -l tfdist/job={description.name}\n"
+            f"# Not `kubectl delete -f`: it deletes the claim too and, under the usual reclaim policy\n"
+            f"# (Delete), the volume with every checkpoint, which a restarted job resumes from.\n")
 
 
 _STORAGE_NOTE = (
@@ -426,11 +437,15 @@ def _k8s(description: JobDescription, *, output: str | None) -> str:
                 "hostname": pod,
                 "subdomain": description.name,
                 "restartPolicy": "OnFailure",
+                "terminationGracePeriodSeconds": GRACE_SECONDS,
                 "containers": [_container(description, port, port_name="grpc", tf_config=config)],
                 "volumes": _volumes(description),
             },
         })
-    return _apply_note(output) + _STORAGE_NOTE + _yaml(service, _claim(description), *pods)
+    note = ("# A pod restarts after any failed exit, bad input's 2 included (CrashLoopBackOff): delete\n"
+            "# such a job by hand. A deleted or evicted pod is not recreated: apply the file again.\n")
+    return (_apply_note(description, output).format(kinds="pod,service") + note + _STORAGE_NOTE
+            + _yaml(service, _claim(description), *pods))
 
 
 def _tfjob(description: JobDescription, *, output: str | None) -> str:
@@ -445,6 +460,7 @@ def _tfjob(description: JobDescription, *, output: str | None) -> str:
             "replicas": len(addresses),
             "restartPolicy": "OnFailure",
             "template": {"spec": {
+                "terminationGracePeriodSeconds": GRACE_SECONDS,
                 "containers": [_container(description, port, port_name=_TFJOB_PORT, tf_config=None)],
                 "volumes": _volumes(description),
             }},
@@ -458,13 +474,16 @@ def _tfjob(description: JobDescription, *, output: str | None) -> str:
             "labels": _labels(description),
             "annotations": {TF_CONFIGS_ANNOTATION: _json_lines(configs)},
         },
-        "spec": {"tfReplicaSpecs": replicas},
+        "spec": {"runPolicy": {"backoffLimit": TFJOB_BACKOFF_LIMIT}, "tfReplicaSpecs": replicas},
     }
     note = (
         "# Kubeflow's training operator writes TF_CONFIG into every pod itself; the annotation\n"
         f"# {TF_CONFIGS_ANNOTATION} shows what each task will receive (nothing in a job of one task).\n"
     )
-    return _apply_note(output) + note + _STORAGE_NOTE + _yaml(_claim(description), job)
+    note += (f"# It fails after {TFJOB_BACKOFF_LIMIT} restarts (runPolicy.backoffLimit; preemptions count too): a bad\n"
+             "# input's exit 2 does not restart for ever. Not restartPolicy ExitCode: it fails on 75 and 76.\n")
+    return (_apply_note(description, output).format(kinds="tfjob") + note + _STORAGE_NOTE
+            + _yaml(_claim(description), job))
 
 
 class _Dumper(yaml.SafeDumper):

@@ -29,14 +29,15 @@ COMPOSE_FILES = {
     ),
 }
 
+IMAGE = "registry.example.com/ml/tfdist:1"  # k8s and tfjob pull from a registry: the default is refused there
 DESCRIPTIONS = {
-    "mwms": dict(workers="host1:2222,host2:2222"),
-    "ps": dict(chief="host0:2222", workers="host1:2222,host2:2222", ps="host3:2222"),
+    "mwms": dict(workers="host1:2222,host2:2222", image=IMAGE),
+    "ps": dict(chief="host0:2222", workers="host1:2222,host2:2222", ps="host3:2222", image=IMAGE),
     "full": dict(
         chief="host0:2222", workers="host1:2222,host2:2222,host3:2222", ps="host4:2222,host5:2222",
-        evaluator="host6:2222", name="mnist", namespace="team-a",
+        evaluator="host6:2222", name="mnist", namespace="team-a", image=IMAGE,
     ),
-    "one-host": dict(workers="localhost:12345,localhost:12346", chief="localhost:12344"),
+    "one-host": dict(workers="localhost:12345,localhost:12346", chief="localhost:12344", image=IMAGE),
 }
 
 
@@ -117,7 +118,7 @@ def test_compose_has_one_service_per_task_sharing_the_runs_volume():
     assert document["volumes"] == {"runs": {}}
     for name, service in document["services"].items():
         assert service["hostname"] == name
-        assert service["image"] == manifests.DEFAULT_IMAGE
+        assert service["image"] == IMAGE
         assert service["build"] == {"context": ".", "dockerfile": "docker/Dockerfile"}  # printed: saved in the root
         assert service["command"] == shlex.split(manifests.DEFAULT_COMMAND)
         assert service["volumes"] == ["runs:/runs"]
@@ -231,6 +232,30 @@ def test_k8s_pods_resolve_through_the_headless_service():
         assert spec["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
 
 
+def test_gpus_are_asked_for_by_every_task_that_computes_and_by_no_ps():
+    description = JobDescription.from_flags(**DESCRIPTIONS["full"], gpus=2)
+    docs = list(yaml.safe_load_all(manifests.render(description, format="k8s")))
+    for pod in (d for d in docs if d["kind"] == "Pod"):
+        (container,) = pod["spec"]["containers"]
+        role = pod["metadata"]["labels"]["tfdist/role"]
+        assert container.get("resources") == (None if role == "ps" else {"limits": {"nvidia.com/gpu": 2}})
+    (job,) = [d for d in yaml.safe_load_all(manifests.render(description, format="tfjob")) if d["kind"] == "TFJob"]
+    for replica_type, replica in job["spec"]["tfReplicaSpecs"].items():
+        (container,) = replica["template"]["spec"]["containers"]
+        assert ("resources" in container) == (replica_type != "PS")
+    compose = yaml.safe_load(manifests.render(description, format="compose"))["services"]
+    assert compose["worker-0"]["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": 2, "capabilities": ["gpu"]}]
+    assert "deploy" not in compose["ps-0"]
+    assert all(s["build"]["args"] == {"BASE": manifests.GPU_BASE_IMAGE} for s in compose.values())
+    assert "--gpus 2" in manifests.command_line(description, format="compose")
+    assert "resources" not in str(yaml.safe_load_all(manifests.render(_describe("full"), format="k8s")))
+    with pytest.raises(ClusterConfigError, match=r"invalid --gpus; received -1\. Fix: give the GPUs of each task"):
+        JobDescription.from_flags(workers="h:1", gpus=-1)
+    dockerfile = (REPO / manifests.DOCKERFILE).read_text()
+    assert "ARG BASE=" in dockerfile and "FROM ${BASE}" in dockerfile
+
+
 def test_k8s_service_lists_every_distinct_port():
     description = _describe("one-host")
     docs = list(yaml.safe_load_all(manifests.render(description, format="k8s")))
@@ -274,7 +299,7 @@ def test_tfjob_annotation_is_what_kubeflow_writes(name):
 
 
 def test_tfjob_of_one_task_gets_no_tf_config():
-    description = JobDescription.from_flags(workers="host1:2222")
+    description = JobDescription.from_flags(workers="host1:2222", image=IMAGE)
     assert manifests.tfjob_tf_configs(description) == {}
     assert manifests.read_tf_configs(manifests.render(description, format="tfjob"), format="tfjob") == {}
 
@@ -302,7 +327,8 @@ def test_cli_prints_the_rendered_document(format, capsys):
         (["--workers", "h:1", "--chief", "a:1,b:2"], ["--chief", "'a:1,b:2'", "one host:port"]),
         (["--workers", "h:70000"], ["--workers", "'h:70000'", "between 1 and 65535"]),
         (["--workers", "h:1", "--name", "My_Job"], ["--name", "'My_Job'", "lowercase"]),
-        (["--workers", "h:1,h:2", "--format", "tfjob"], ["--workers", "'h:1,h:2'", "same port"]),
+        (["--workers", "h:1,h:2", "--format", "tfjob", "--image", IMAGE], ["--workers", "'h:1,h:2'", "same port"]),
+        (["--workers", "h:1", "--format", "k8s"], ["--image for --format k8s", "'tfdist:latest'", "push it"]),
         *((["--workers", "h:1", f"--image={image}"], ["--image", repr(image), "[registry/]repository[:tag]"])
           for image in ("UPPER/img:1", "Tfdist:latest", "img:", "img::1", "img:tag:tag", "img:tag!", "img:$(rm)",
                         "img@sha256:xyz", "-img", "img/", "a b", "")),
@@ -337,9 +363,9 @@ def test_description_is_frozen_keyword_only_and_rejects_a_bare_string():
 
 def test_output_flag_writes_the_file_it_names(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["cluster", "--workers", "a:2222", "--format", "k8s", "--output", "job.yaml"]) == 0
+    assert main(["cluster", "--workers", "a:2222", "--format", "k8s", "--image", IMAGE, "--output", "job.yaml"]) == 0
     assert capsys.readouterr().out == ""
-    expected = manifests.render(JobDescription.from_flags(workers="a:2222"), format="k8s", output="job.yaml")
+    expected = manifests.render(JobDescription.from_flags(workers="a:2222", image=IMAGE), format="k8s", output="job.yaml")
     assert (tmp_path / "job.yaml").read_text() == expected
     assert "--output job.yaml" in expected.splitlines()[1]
     assert main(["cluster", "--workers", "a:2222", "--output", str(tmp_path / "missing" / "x")]) == 2
@@ -349,7 +375,7 @@ def test_output_flag_writes_the_file_it_names(tmp_path, monkeypatch, capsys):
 def test_cluster_command_does_not_import_tensorflow():
     code = (
         "import sys; from tfdist.cli import cluster; from tfdist import manifests; "
-        "manifests.render(manifests.JobDescription.from_flags(workers='a:1,b:1'), format='k8s'); "
+        "manifests.render(manifests.JobDescription.from_flags(workers='a:1,b:1', image='r.io/t:1'), format='k8s'); "
         "sys.exit('tensorflow' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -34,6 +34,8 @@ DEFAULT_COMMAND = "tfdist train --output-dir /runs --summary-json /runs/summary.
 DEFAULT_NAME = "tfdist"
 DEFAULT_NAMESPACE = "default"
 RUNS_VOLUME, RUNS_MOUNT = "runs", "/runs"
+GPU_BASE_IMAGE = "tensorflow/tensorflow:2.21.0-gpu"
+"""docker/Dockerfile's ``BASE`` for compose files with ``--gpus``."""
 GRACE_SECONDS = 120
 """How long a stopped task has between SIGTERM and SIGKILL (Kubernetes' default is 30 s, compose's
 10 s): tfdist saves at the end of the current step on SIGTERM, which must fit in it."""
@@ -93,6 +95,7 @@ class JobDescription:
     command: str = DEFAULT_COMMAND
     name: str = DEFAULT_NAME
     namespace: str = DEFAULT_NAMESPACE
+    gpus: int = 0
 
     def __post_init__(self):
         for field, flag in (("workers", "--workers"), ("ps", "--ps")):
@@ -124,6 +127,7 @@ class JobDescription:
         command: str = DEFAULT_COMMAND,
         name: str = DEFAULT_NAME,
         namespace: str = DEFAULT_NAMESPACE,
+        gpus: int = 0,
     ) -> JobDescription:
         """A description from the flag values of ``tfdist cluster`` (comma-separated lists)."""
         return cls(
@@ -135,6 +139,7 @@ class JobDescription:
             command=command,
             name=name,
             namespace=namespace,
+            gpus=gpus,
         )
 
     # --- validation -------------------------------------------------------------------
@@ -153,6 +158,8 @@ class JobDescription:
             seen[address] = f"{role}:{index}"
 
     def _check_deployment(self) -> None:
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
+            raise config_error(_WHERE, "--gpus", self.gpus, "give the GPUs of each task as a whole number, 0 or more.")
         if not _is_image(self.image):
             raise config_error(
                 _WHERE, "--image", self.image,
@@ -289,6 +296,7 @@ def command_line(description: JobDescription, *, format: str, output: str | None
         ("--command", description.command, DEFAULT_COMMAND),
         ("--name", description.name, DEFAULT_NAME),
         ("--namespace", description.namespace, DEFAULT_NAMESPACE),
+        ("--gpus", str(description.gpus), "0"),
     ):
         if value != default:
             argv += [flag, value]
@@ -300,6 +308,12 @@ def command_line(description: JobDescription, *, format: str, output: str | None
 def render(description: JobDescription, *, format: str, output: str | None = None) -> str:
     """The document of ``format`` for ``description``; ``output`` only names the file in its header."""
     _check_format(format)
+    if format in ("k8s", "tfjob") and description.image == DEFAULT_IMAGE:
+        raise config_error(
+            _WHERE, f"--image for --format {format}", description.image,
+            "a cluster pulls its image from a registry, where there is no tfdist:latest: build "
+            f"{DOCKERFILE}, push it, and pass its name, e.g. --image registry.example.com/ml/tfdist:1.",
+        )
     if format == "json":  # JSON has no comments, hence no header
         return _json_lines(tf_configs(description, format="json"))
     header = (
@@ -335,9 +349,13 @@ def _argv(description: JobDescription) -> list[str]:
 def _compose(description: JobDescription, *, output: str | None) -> str:
     services = {}
     for config in tf_configs(description, format="compose").values():
-        name = service_name(config["task"]["type"], config["task"]["index"])
+        role = config["task"]["type"]
+        name = service_name(role, config["task"]["index"])
+        build: dict[str, Any] = {"context": _build_context(output), "dockerfile": DOCKERFILE}
+        if description.gpus:  # docker/Dockerfile's BASE: TensorFlow's image with CUDA
+            build["args"] = {"BASE": GPU_BASE_IMAGE}
         services[name] = {
-            "build": {"context": _build_context(output), "dockerfile": DOCKERFILE},
+            "build": build,
             "image": description.image,
             "hostname": name,
             "command": _argv(description),
@@ -345,6 +363,9 @@ def _compose(description: JobDescription, *, output: str | None) -> str:
             "volumes": [f"{RUNS_VOLUME}:{RUNS_MOUNT}"],
             "stop_grace_period": f"{GRACE_SECONDS}s",
         }
+        if _gpus(description, role):
+            services[name]["deploy"] = {"resources": {"reservations": {"devices": [
+                {"driver": "nvidia", "count": _gpus(description, role), "capabilities": ["gpu"]}]}}}
     document = {"name": description.name, "services": services, "volumes": {RUNS_VOLUME: {}}}
     if output is None:
         note = (f"# Save this file in the repository root (the folder holding {DOCKERFILE}), its build context,\n"
@@ -380,7 +401,12 @@ def _claim(description: JobDescription) -> dict:
     }
 
 
-def _container(description: JobDescription, port: str, *, port_name: str, tf_config: dict | None) -> dict:
+def _gpus(description: JobDescription, role: str) -> int:
+    """The GPUs a task of ``role`` asks for: a ps keeps variables, it computes nothing."""
+    return 0 if role == PS else description.gpus
+
+
+def _container(description: JobDescription, port: str, *, role: str, port_name: str, tf_config: dict | None) -> dict:
     container: dict[str, Any] = {
         "name": _TFJOB_CONTAINER,
         "image": description.image,
@@ -390,6 +416,8 @@ def _container(description: JobDescription, port: str, *, port_name: str, tf_con
         container["env"] = [{"name": env.TF_CONFIG, "value": env.tf_config_value(tf_config)}]
     container["ports"] = [{"name": port_name, "containerPort": int(port)}]
     container["volumeMounts"] = [{"name": RUNS_VOLUME, "mountPath": RUNS_MOUNT}]
+    if _gpus(description, role):  # the NVIDIA device plugin's resource; without it a pod sees no GPU
+        container["resources"] = {"limits": {"nvidia.com/gpu": _gpus(description, role)}}
     return container
 
 
@@ -438,7 +466,7 @@ def _k8s(description: JobDescription, *, output: str | None) -> str:
                 "subdomain": description.name,
                 "restartPolicy": "OnFailure",
                 "terminationGracePeriodSeconds": GRACE_SECONDS,
-                "containers": [_container(description, port, port_name="grpc", tf_config=config)],
+                "containers": [_container(description, port, role=role, port_name="grpc", tf_config=config)],
                 "volumes": _volumes(description),
             },
         })
@@ -461,7 +489,7 @@ def _tfjob(description: JobDescription, *, output: str | None) -> str:
             "restartPolicy": "OnFailure",
             "template": {"spec": {
                 "terminationGracePeriodSeconds": GRACE_SECONDS,
-                "containers": [_container(description, port, port_name=_TFJOB_PORT, tf_config=None)],
+                "containers": [_container(description, port, role=role, port_name=_TFJOB_PORT, tf_config=None)],
                 "volumes": _volumes(description),
             }},
         }

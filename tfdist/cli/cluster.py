@@ -37,12 +37,23 @@ def register(subparsers) -> None:
     )
     deploy.add_argument("--name", default=manifests.DEFAULT_NAME, help="job name (default: %(default)s)")
     deploy.add_argument(
+        "--gpus", type=_gpu_count, default=0, metavar="N",
+        help="NVIDIA GPUs of each chief, worker and evaluator task (ps: none): the Kubernetes resource nvidia.com/gpu, "
+        "or a compose device reservation and docker/Dockerfile built on TensorFlow's -gpu image (default: 0)",
+    )
+    deploy.add_argument(
         "--namespace", default=manifests.DEFAULT_NAMESPACE, help="Kubernetes namespace (default: %(default)s)"
     )
     parser.add_argument(
         "--output", "-o", metavar="FILE", help="write the document to FILE (named in its header) instead of stdout"
     )
     parser.set_defaults(func=run)
+
+
+def _gpu_count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs per task, 0 or more; received {text!r}")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         command=args.command,
         name=args.name,
         namespace=args.namespace,
+        gpus=args.gpus,
     )
     text = manifests.render(description, format=args.format, output=args.output)
     if args.format == "compose" and not os.path.isfile(manifests.DOCKERFILE):

@@ -192,3 +192,38 @@ def test_a_serving_ps_task_stops_at_ctrl_c_and_says_a_fault_aimed_at_it_never_fi
     out, _ = task.communicate(timeout=30)
     assert task.returncode == 130, "".join(lines)[-2000:] + out[-2000:]
     assert "tfdist: interrupted by Ctrl-C: ps:0 stopped serving" in out and "Traceback" not in out, out[-3000:]
+
+
+def test_a_serving_task_ends_after_a_new_complete_checkpoint_once_the_chief_is_gone(tmp_path):
+    import socket as socket_mod
+
+    from tfdist import startup
+    from tfdist.checkpoint import layout
+    from tfdist.cluster import ClusterSpec
+
+    def save(step: int, *, complete: bool) -> None:
+        run = layout.RunMetadata(global_batch_size=8, data_fingerprint="d", model_fingerprint="m", seed=0)
+        prefix = layout.prefix_for(str(tmp_path), step)
+        layout.write_metadata(prefix, layout.Metadata.of(run, global_step=step, epoch=0, step_in_epoch=step,
+                                                         complete=complete, history=[]))
+        layout.write_state(str(tmp_path), [prefix])
+        for suffix in (".index", ".data-00000-of-00001"):
+            open(prefix + suffix, "wb").close()
+
+    chief = socket_mod.socket()
+    chief.bind(("127.0.0.1", 0))
+    chief.listen()
+    address = f"127.0.0.1:{chief.getsockname()[1]}"
+    cluster = ClusterSpec(jobs={"chief": [address], "worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
+                          task_type="ps", task_index=0)
+    save(4, complete=True)  # a finished run, started again for more epochs: not the end of this one
+    end = startup._RunEnd(cluster, str(tmp_path))
+    save(8, complete=False)
+    assert not end.over() and not end.over()
+    save(12, complete=True)
+    assert not end.over() and not end.over()  # the chief still listens: it exports the model from the ps
+    chief.close()
+    assert not end.over()  # one look without the chief: it may be restarting
+    assert end.over()
+    restarted = startup._RunEnd(cluster, str(tmp_path))  # started on the finished run: its chief says so and ends
+    assert not restarted.over() and not restarted.over()

@@ -19,9 +19,49 @@ from tfdist.errors import ClusterConfigError
 
 log = logging.getLogger("tfdist")
 
-def serve(cluster: ClusterSpec) -> None:
+CHECK_SECONDS = 5.0
+"""How often a serving task looks for the end of the run (``serve(checkpoint_dir=...)``)."""
+
+
+class _RunEnd:
+    """Whether the parameter-server run a task serves is over: a complete checkpoint that was not
+    the newest one when the task started (a finished run started again for more epochs is not
+    over), and the chief no longer listening at two looks in a row (it exports the model from the
+    ps tasks after its last save). A serving task cannot tell a chief that finished from one
+    being restarted otherwise; where nothing stops it (compose, plain pods, Slurm), it would
+    serve until killed, holding its machine."""
+
+    def __init__(self, cluster: ClusterSpec, directory: str):
+        from tfdist.cluster import CHIEF
+
+        self._directory, self._chief = directory, cluster.jobs[CHIEF][0]
+        self._at_start = self._newest()
+        self._gone = 0
+
+    def _newest(self):
+        from tfdist.checkpoint import layout
+
+        try:
+            metadata = layout.latest_metadata(self._directory)
+        except Exception:  # noqa: BLE001 -- storage unreachable for a moment: not the end of the run
+            return None
+        return None if metadata is None else (metadata.global_step, metadata.raw.get("saved_at"), metadata.complete)
+
+    def over(self) -> bool:
+        newest = self._newest()
+        if newest is None or not newest[2] or newest == self._at_start:
+            self._gone = 0
+            return False
+        self._gone = 0 if _listening(self._chief) else self._gone + 1
+        return self._gone >= 2
+
+
+def serve(cluster: ClusterSpec, *, checkpoint_dir: str | None = None) -> None:
     """Runs this task's TensorFlow server until the process is stopped (ps and PS workers), by
-    SIGTERM, or by Ctrl-C, which raises ``KeyboardInterrupt`` (``tfdist train``: exit 130)."""
+    SIGTERM, or by Ctrl-C, which raises ``KeyboardInterrupt`` (``tfdist train``: exit 130).
+
+    With the run's ``checkpoint_dir`` it also returns when the run is over: its chief saved a
+    complete checkpoint and stopped (``_RunEnd``)."""
     import tensorflow as tf
 
     if cluster.task_type not in (PS, WORKER):
@@ -46,8 +86,16 @@ def serve(cluster: ClusterSpec) -> None:
         # Not server.join(): it waits in C++, where a Ctrl-C never reaches Python's handler. Short
         # sleeps: the OS may deliver the signal to one of TensorFlow's threads, which does not wake
         # this one; Python runs the handler when this thread next wakes.
+        end = _RunEnd(cluster, checkpoint_dir) if checkpoint_dir is not None else None
+        next_check = time.monotonic() + CHECK_SECONDS
         while True:
             time.sleep(0.5)
+            if end is not None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + CHECK_SECONDS
+                if end.over():
+                    log.info("the run in %s is complete and its chief stopped: %s stops serving", checkpoint_dir,
+                             cluster.task_name)
+                    return
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"interrupted by Ctrl-C: {cluster.task_name} stopped serving") from None
     finally:

@@ -81,7 +81,8 @@ def fit(
     """Trains ``model`` on ``data`` with the strategy the cluster calls for; returns Keras' History.
 
     Every process of a cluster runs the same call. On the ``ps`` and ``worker`` tasks of a
-    parameter-server cluster it serves until stopped (and returns None); everywhere else it trains.
+    parameter-server cluster it serves until the chief has finished the run, or until stopped (and
+    returns None); everywhere else it trains.
 
     Args:
       model: a function that builds and compiles a Keras 3 (``import keras``) or tf_keras
@@ -129,7 +130,7 @@ def fit(
     if options is not None:
         storage.check_shared(options.directory, what="checkpoint_dir", tasks=len(cluster.tasks()))
     if not strategy_mod.trains_here(strategy, cluster):
-        serve(cluster)  # ps and worker tasks of a parameter-server cluster
+        serve(cluster, checkpoint_dir=options.directory if options is not None else None)  # ps and worker tasks
         return None
     with SetupSignals():  # a preemption signal before training begins: exit to be restarted
         recorded = layout.latest_metadata(options.directory) if options is not None and options.resume else None

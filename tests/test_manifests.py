@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -123,6 +124,7 @@ def test_compose_has_one_service_per_task_sharing_the_runs_volume():
         assert service["command"] == shlex.split(manifests.DEFAULT_COMMAND)
         assert service["volumes"] == ["runs:/runs"]
         assert service["stop_grace_period"] == f"{manifests.GRACE_SECONDS}s"  # compose's 10 s would cut a save
+        assert service["restart"] == "on-failure:3"  # 75 and 76 come back; bad input's 2 stops after 3
         spec = parse_tf_config(service["environment"]["TF_CONFIG"])
         assert spec.task_address == f"{name}:2222"  # the address of a task is its service name
 
@@ -256,6 +258,23 @@ def test_gpus_are_asked_for_by_every_task_that_computes_and_by_no_ps():
     assert "ARG BASE=" in dockerfile and "FROM ${BASE}" in dockerfile
 
 
+def test_the_claim_takes_the_storage_class_and_size_given():
+    description = JobDescription.from_flags(**DESCRIPTIONS["mwms"], storage_class="nfs-client", storage_size="500Gi")
+    for format in ("k8s", "tfjob"):
+        text = manifests.render(description, format=format)
+        (claim,) = [d for d in yaml.safe_load_all(text) if d["kind"] == "PersistentVolumeClaim"]
+        assert claim["spec"]["storageClassName"] == "nfs-client"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "500Gi"
+        assert "--storage-class nfs-client --storage-size 500Gi" in text.splitlines()[1]
+    (claim,) = [d for d in yaml.safe_load_all(manifests.render(_describe("mwms"), format="k8s"))
+                if d["kind"] == "PersistentVolumeClaim"]
+    assert "storageClassName" not in claim["spec"] and claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    for flags, message in ((dict(storage_class="NFS_Client"), "invalid --storage-class; received 'NFS_Client'"),
+                           (dict(storage_size="10 GB"), "invalid --storage-size; received '10 GB'. Fix: give a")):
+        with pytest.raises(ClusterConfigError, match=re.escape(message)):
+            JobDescription.from_flags(workers="h:1", **flags)
+
+
 def test_k8s_service_lists_every_distinct_port():
     description = _describe("one-host")
     docs = list(yaml.safe_load_all(manifests.render(description, format="k8s")))
@@ -329,6 +348,7 @@ def test_cli_prints_the_rendered_document(format, capsys):
         (["--workers", "h:1", "--name", "My_Job"], ["--name", "'My_Job'", "lowercase"]),
         (["--workers", "h:1,h:2", "--format", "tfjob", "--image", IMAGE], ["--workers", "'h:1,h:2'", "same port"]),
         (["--workers", "h:1", "--format", "k8s"], ["--image for --format k8s", "'tfdist:latest'", "push it"]),
+        (["--workers", "2", "--format", "k8s"], ["--workers", "'2'", "not a count: e.g. --workers w0:2222,w1:2222"]),
         *((["--workers", "h:1", f"--image={image}"], ["--image", repr(image), "[registry/]repository[:tag]"])
           for image in ("UPPER/img:1", "Tfdist:latest", "img:", "img::1", "img:tag:tag", "img:tag!", "img:$(rm)",
                         "img@sha256:xyz", "-img", "img/", "a b", "")),

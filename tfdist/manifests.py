@@ -34,11 +34,16 @@ DEFAULT_COMMAND = "tfdist train --output-dir /runs --summary-json /runs/summary.
 DEFAULT_NAME = "tfdist"
 DEFAULT_NAMESPACE = "default"
 RUNS_VOLUME, RUNS_MOUNT = "runs", "/runs"
+DEFAULT_STORAGE_SIZE = "10Gi"
 GPU_BASE_IMAGE = "tensorflow/tensorflow:2.21.0-gpu"
 """docker/Dockerfile's ``BASE`` for compose files with ``--gpus``."""
 GRACE_SECONDS = 120
 """How long a stopped task has between SIGTERM and SIGKILL (Kubernetes' default is 30 s, compose's
 10 s): tfdist saves at the end of the current step on SIGTERM, which must fit in it."""
+COMPOSE_RESTARTS = 3
+"""Restarts of a compose service after a failed exit (a preemption's 75, a lost peer's 76, a
+crash); bounded, so that bad input's exit 2 stops. Docker does not restart a container that
+`docker compose stop` stopped, nor one that exited 0."""
 TFJOB_BACKOFF_LIMIT = 10
 """Restarts a TFJob allows before it fails: every restart counts (a preemption's exit 75, a lost
 peer's 76), and without a limit a bad input's exit 2 would restart for ever. Kubeflow's
@@ -67,6 +72,7 @@ _IMAGE_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE_REFERENCE = (rf"(?:{_IMAGE_REGISTRY}/)?{_IMAGE_PATH_PART}(?:/{_IMAGE_PATH_PART})*"
                     r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
 _MAX_IMAGE_NAME = 255
+_QUANTITY = r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?"  # a storage request: no sign, no exponent
 
 
 def split_addresses(raw: str | None, *, flag: str) -> tuple[str, ...]:
@@ -76,6 +82,13 @@ def split_addresses(raw: str | None, *, flag: str) -> tuple[str, ...]:
     addresses = tuple(part.strip() for part in raw.split(","))
     if "" in addresses:
         raise config_error(_WHERE, flag, raw, "separate the host:port addresses by single commas, with none empty.")
+    if len(addresses) == 1 and addresses[0].isdigit():  # tfdist launch --workers 2 takes a count
+        count = int(addresses[0])
+        example = ",".join(f"w{i}:2222" for i in range(min(count, 3))) + (",..." if count > 3 else "")
+        raise config_error(
+            _WHERE, flag, raw, f"give one host:port per task, not a count: e.g. {flag} {example or 'w0:2222'} "
+            "(compose, k8s and tfjob name the tasks themselves and keep only the port).",
+        )
     return addresses
 
 
@@ -96,6 +109,8 @@ class JobDescription:
     name: str = DEFAULT_NAME
     namespace: str = DEFAULT_NAMESPACE
     gpus: int = 0
+    storage_class: str | None = None
+    storage_size: str = DEFAULT_STORAGE_SIZE
 
     def __post_init__(self):
         for field, flag in (("workers", "--workers"), ("ps", "--ps")):
@@ -128,6 +143,8 @@ class JobDescription:
         name: str = DEFAULT_NAME,
         namespace: str = DEFAULT_NAMESPACE,
         gpus: int = 0,
+        storage_class: str | None = None,
+        storage_size: str = DEFAULT_STORAGE_SIZE,
     ) -> JobDescription:
         """A description from the flag values of ``tfdist cluster`` (comma-separated lists)."""
         return cls(
@@ -140,6 +157,8 @@ class JobDescription:
             name=name,
             namespace=namespace,
             gpus=gpus,
+            storage_class=storage_class,
+            storage_size=storage_size,
         )
 
     # --- validation -------------------------------------------------------------------
@@ -181,6 +200,14 @@ class JobDescription:
             )
         if not _is_label(self.namespace, _RFC1123_LABEL) or len(self.namespace) > _MAX_LABEL:
             raise config_error(_WHERE, "--namespace", self.namespace, "use a Kubernetes namespace name, e.g. default.")
+        if self.storage_class is not None and not (
+                re.fullmatch(rf"{_RFC1123_LABEL}(\.{_RFC1123_LABEL})*", self.storage_class or "")
+                and len(self.storage_class) <= 253):
+            raise config_error(_WHERE, "--storage-class", self.storage_class,
+                               "name a StorageClass of the cluster (kubectl get storageclass), e.g. nfs-client.")
+        if not isinstance(self.storage_size, str) or not re.fullmatch(_QUANTITY, self.storage_size):
+            raise config_error(_WHERE, "--storage-size", self.storage_size,
+                               "give a Kubernetes quantity such as 10Gi, 500Gi or 2Ti.")
 
     # --- the cluster ------------------------------------------------------------------
     def tasks(self) -> list[tuple[str, int, str]]:
@@ -297,6 +324,8 @@ def command_line(description: JobDescription, *, format: str, output: str | None
         ("--name", description.name, DEFAULT_NAME),
         ("--namespace", description.namespace, DEFAULT_NAMESPACE),
         ("--gpus", str(description.gpus), "0"),
+        ("--storage-class", description.storage_class, None),
+        ("--storage-size", description.storage_size, DEFAULT_STORAGE_SIZE),
     ):
         if value != default:
             argv += [flag, value]
@@ -362,6 +391,7 @@ def _compose(description: JobDescription, *, output: str | None) -> str:
             "environment": {env.TF_CONFIG: env.tf_config_value(config)},
             "volumes": [f"{RUNS_VOLUME}:{RUNS_MOUNT}"],
             "stop_grace_period": f"{GRACE_SECONDS}s",
+            "restart": f"on-failure:{COMPOSE_RESTARTS}",
         }
         if _gpus(description, role):
             services[name]["deploy"] = {"resources": {"reservations": {"devices": [
@@ -397,7 +427,8 @@ def _claim(description: JobDescription) -> dict:
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": f"{description.name}-{RUNS_VOLUME}", "namespace": description.namespace,
                      "labels": _labels(description)},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": description.storage_size}},
+                 **({"storageClassName": description.storage_class} if description.storage_class else {})},
     }
 
 
@@ -433,8 +464,8 @@ def _apply_note(description: JobDescription, output: str | None) -> str:
 
 
 _STORAGE_NOTE = (
-    "# The claim needs a ReadWriteMany storage class (NFS, Filestore, EFS...): every task reads the\n"
-    "# chief's checkpoints when it resumes. tf.distribute's gRPC is unauthenticated: trusted network only.\n"
+    "# The claim needs a ReadWriteMany storage class (NFS, Filestore, EFS...; --storage-class): every task\n"
+    "# reads the chief's checkpoints when it resumes. tf.distribute's gRPC is unauthenticated: trusted network only.\n"
 )
 
 

@@ -37,6 +37,14 @@ def register(subparsers) -> None:
     )
     deploy.add_argument("--name", default=manifests.DEFAULT_NAME, help="job name (default: %(default)s)")
     deploy.add_argument(
+        "--storage-class", metavar="NAME",
+        help="StorageClass of the runs claim (k8s, tfjob), one that offers ReadWriteMany (default: the cluster's)",
+    )
+    deploy.add_argument(
+        "--storage-size", default=manifests.DEFAULT_STORAGE_SIZE, metavar="QUANTITY",
+        help="size of the runs claim, e.g. 500Gi (default: %(default)s)",
+    )
+    deploy.add_argument(
         "--gpus", type=_gpu_count, default=0, metavar="N",
         help="NVIDIA GPUs of each chief, worker and evaluator task (ps: none): the Kubernetes resource nvidia.com/gpu, "
         "or a compose device reservation and docker/Dockerfile built on TensorFlow's -gpu image (default: 0)",
@@ -69,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         name=args.name,
         namespace=args.namespace,
         gpus=args.gpus,
+        storage_class=args.storage_class,
+        storage_size=args.storage_size,
     )
     text = manifests.render(description, format=args.format, output=args.output)
     if args.format == "compose" and not os.path.isfile(manifests.DOCKERFILE):

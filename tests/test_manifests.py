@@ -207,28 +207,35 @@ def test_committed_compose_files_describe_the_documented_jobs():
 
 
 # --- Kubernetes --------------------------------------------------------------------------
-def test_k8s_pods_resolve_through_the_headless_service():
+def test_k8s_pods_resolve_through_the_headless_service_and_each_task_is_a_job():
     description = _describe("full")
     docs = list(yaml.safe_load_all(manifests.render(description, format="k8s")))
     (service,) = [d for d in docs if d["kind"] == "Service"]
     (claim,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
-    pods = [d for d in docs if d["kind"] == "Pod"]
+    jobs = [d for d in docs if d["kind"] == "Job"]
     assert service["spec"]["clusterIP"] == "None"
     assert service["metadata"]["namespace"] == "team-a"
-    assert [p["metadata"]["name"] for p in pods] == [
+    assert [j["metadata"]["name"] for j in jobs] == [
         f"mnist-{role}-{i}" for role, i, _ in description.tasks()
     ]
-    for pod in pods:
-        labels = pod["metadata"]["labels"]
+    for job in jobs:
+        assert job["apiVersion"] == "batch/v1" and job["spec"]["backoffLimit"] == manifests.K8S_BACKOFF_LIMIT
+        # Bad input fails the Job at once; an eviction gets a new pod without counting; 75 and 76 retry.
+        rules = job["spec"]["podFailurePolicy"]["rules"]
+        assert rules[0] == {"action": "FailJob",
+                            "onExitCodes": {"containerName": "tensorflow", "operator": "In", "values": [2]}}
+        assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+        template = job["spec"]["template"]
+        labels = template["metadata"]["labels"]
         assert all(labels[k] == v for k, v in service["spec"]["selector"].items())
-        spec = pod["spec"]
-        assert spec["restartPolicy"] == "OnFailure" and spec["terminationGracePeriodSeconds"] == manifests.GRACE_SECONDS
-        assert spec["subdomain"] == service["metadata"]["name"]
+        spec = template["spec"]
+        assert spec["restartPolicy"] == "Never" and spec["terminationGracePeriodSeconds"] == manifests.GRACE_SECONDS
+        assert spec["subdomain"] == service["metadata"]["name"] and spec["hostname"] == job["metadata"]["name"]
         (container,) = spec["containers"]
         (variable,) = container["env"]
         cluster = parse_tf_config(variable["value"])
         host, _, port = cluster.task_address.rpartition(":")
-        assert host == f"{spec['hostname']}.{spec['subdomain']}.{pod['metadata']['namespace']}.svc"
+        assert host == f"{spec['hostname']}.{spec['subdomain']}.{job['metadata']['namespace']}.svc"
         assert container["ports"][0]["containerPort"] == int(port)
         assert {"name": "runs", "mountPath": "/runs"} in container["volumeMounts"]
         assert spec["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
@@ -237,9 +244,9 @@ def test_k8s_pods_resolve_through_the_headless_service():
 def test_gpus_are_asked_for_by_every_task_that_computes_and_by_no_ps():
     description = JobDescription.from_flags(**DESCRIPTIONS["full"], gpus=2)
     docs = list(yaml.safe_load_all(manifests.render(description, format="k8s")))
-    for pod in (d for d in docs if d["kind"] == "Pod"):
-        (container,) = pod["spec"]["containers"]
-        role = pod["metadata"]["labels"]["tfdist/role"]
+    for job in (d for d in docs if d["kind"] == "Job"):
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        role = job["metadata"]["labels"]["tfdist/role"]
         assert container.get("resources") == (None if role == "ps" else {"limits": {"nvidia.com/gpu": 2}})
     (job,) = [d for d in yaml.safe_load_all(manifests.render(description, format="tfjob")) if d["kind"] == "TFJob"]
     for replica_type, replica in job["spec"]["tfReplicaSpecs"].items():

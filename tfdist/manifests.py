@@ -44,6 +44,8 @@ COMPOSE_RESTARTS = 3
 """Restarts of a compose service after a failed exit (a preemption's 75, a lost peer's 76, a
 crash); bounded, so that bad input's exit 2 stops. Docker does not restart a container that
 `docker compose stop` stopped, nor one that exited 0."""
+K8S_BACKOFF_LIMIT = 10
+"""Failed pods a task's Job replaces before it fails (``--format k8s``)."""
 TFJOB_BACKOFF_LIMIT = 10
 """Restarts a TFJob allows before it fails: every restart counts (a preemption's exit 75, a lost
 peer's 76), and without a limit a bad input's exit 2 would restart for ever. Kubeflow's
@@ -243,7 +245,7 @@ def service_name(role: str, index: int) -> str:
 
 
 def _pod_name(name: str, role: str, index: int) -> str:
-    return f"{name}-{role}-{index}"  # Kubeflow's naming, used for the plain pods too
+    return f"{name}-{role}-{index}"  # Kubeflow's naming, used for the k8s Jobs too
 
 
 def _is_image(value: Any) -> bool:
@@ -482,29 +484,43 @@ def _k8s(description: JobDescription, *, output: str | None) -> str:
             "ports": [{"name": f"grpc-{port}", "port": int(port)} for port in ports],
         },
     }
-    pods = []
+    jobs = []
     for config in tf_configs(description, format="k8s").values():
         role, index = config["task"]["type"], config["task"]["index"]
         pod = _pod_name(description.name, role, index)
         port = config["cluster"][role][index].rpartition(":")[2]
-        pods.append({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": pod, "namespace": description.namespace,
-                         "labels": _labels(description, role, index)},
+        labels = _labels(description, role, index)
+        jobs.append({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": pod, "namespace": description.namespace, "labels": labels},
             "spec": {
-                "hostname": pod,
-                "subdomain": description.name,
-                "restartPolicy": "OnFailure",
-                "terminationGracePeriodSeconds": GRACE_SECONDS,
-                "containers": [_container(description, port, role=role, port_name="grpc", tf_config=config)],
-                "volumes": _volumes(description),
+                "backoffLimit": K8S_BACKOFF_LIMIT,
+                "podFailurePolicy": {"rules": [
+                    # Bad input: no new pod can fix it.
+                    {"action": "FailJob", "onExitCodes": {"containerName": _TFJOB_CONTAINER, "operator": "In",
+                                                          "values": [env.EXIT_USAGE]}},
+                    # An eviction or a drained node: a new pod, not counted against the limit.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                ]},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "hostname": pod,  # every pod of the Job keeps the task's DNS name
+                        "subdomain": description.name,
+                        "restartPolicy": "Never",  # what podFailurePolicy needs: each retry is a new pod
+                        "terminationGracePeriodSeconds": GRACE_SECONDS,
+                        "containers": [_container(description, port, role=role, port_name="grpc", tf_config=config)],
+                        "volumes": _volumes(description),
+                    },
+                },
             },
         })
-    note = ("# A pod restarts after any failed exit, bad input's 2 included (CrashLoopBackOff): delete\n"
-            "# such a job by hand. A deleted or evicted pod is not recreated: apply the file again.\n")
-    return (_apply_note(description, output).format(kinds="pod,service") + note + _STORAGE_NOTE
-            + _yaml(service, _claim(description), *pods))
+    note = (f"# One Job per task: a failed pod is replaced (a preemption's 75, a lost peer's 76: up to {K8S_BACKOFF_LIMIT}\n"
+            "# times; an eviction does not count), bad input's exit 2 fails the Job at once. Needs Kubernetes\n"
+            "# 1.26+ (podFailurePolicy). A ps or worker of a parameter-server job exits 0 when the run is over.\n")
+    return (_apply_note(description, output).format(kinds="job,service") + note + _STORAGE_NOTE
+            + _yaml(service, _claim(description), *jobs))
 
 
 def _tfjob(description: JobDescription, *, output: str | None) -> str:
@@ -608,7 +624,7 @@ def _compose_values(text: str) -> Iterator[str]:
 
 def _k8s_values(text: str) -> Iterator[str]:
     for doc in yaml.safe_load_all(text):
-        if doc and doc.get("kind") == "Pod":
-            for variable in doc["spec"]["containers"][0].get("env", ()):
+        if doc and doc.get("kind") == "Job":
+            for variable in doc["spec"]["template"]["spec"]["containers"][0].get("env", ()):
                 if variable["name"] == env.TF_CONFIG:
                     yield variable["value"]

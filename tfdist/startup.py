@@ -28,7 +28,7 @@ class _RunEnd:
     the newest one when the task started (a finished run started again for more epochs is not
     over), and the chief no longer listening at two looks in a row (it exports the model from the
     ps tasks after its last save). A serving task cannot tell a chief that finished from one
-    being restarted otherwise; where nothing stops it (compose, plain pods, Slurm), it would
+    being restarted otherwise; where nothing stops it (compose, Kubernetes Jobs, Slurm), it would
     serve until killed, holding its machine."""
 
     def __init__(self, cluster: ClusterSpec, directory: str):

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--format", default="env", metavar="{" + ",".join(manifests.FORMATS) + "}",
         help="env: one `export TF_CONFIG=...` line per task; json: role:index -> TF_CONFIG; compose: a docker "
-        "compose file; k8s: a headless Service and one Pod per task; tfjob: a Kubeflow TFJob (default: env)",
+        "compose file; k8s: a headless Service and one Job per task; tfjob: a Kubeflow TFJob (default: env)",
     )
     deploy = parser.add_argument_group("deployment (compose, k8s, tfjob)")
     deploy.add_argument("--image", default=manifests.DEFAULT_IMAGE, help="container image (default: %(default)s)")

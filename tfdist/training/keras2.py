@@ -13,7 +13,7 @@ from tfdist import _checks
 from tfdist.errors import ModelError
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
                                           compile_fix, defined_in, fresh_metrics, merged_history, model_fingerprint,
-                                          not_a_model, warn_low_precision_outputs)
+                                          not_a_model, summed_gradients, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -225,13 +225,7 @@ def install_grad_accumulation(model, steps: int, *, unrolled: bool = False) -> N
             self.compiled_metrics.update_state(yi, y_pred, wi)  # results are read once, after the loop
             return i + 1, [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
 
-        state = (tf.constant(0), [tf.zeros_like(v) for v in variables])
-        if unrolled:
-            for _ in range(steps):
-                state = micro_step(*state)
-            total = state[1]
-        else:
-            _, total = tf.while_loop(lambda i, _: i < steps, micro_step, state)
+        total = summed_gradients(micro_step, variables, steps, unrolled=unrolled)
         optimizer.apply_gradients(zip([t / steps for t in total], variables))
         return self.get_metrics_result()
 

@@ -24,7 +24,7 @@ from typing import Any
 from tfdist.errors import ModelError
 from tfdist.training.keras_common import (carry_weight_decay_exclusions, check_own_train_step, compile_fix, defined_in,
                                           fresh_metrics, merged_history, model_fingerprint, not_a_model,
-                                          warn_low_precision_outputs)
+                                          summed_gradients, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -390,13 +390,7 @@ def accumulating_train_step(model, steps: int, *, unrolled: bool = False):
             model.compute_metrics(xi, yi, y_pred, sample_weight=wi)
             return i + 1, [t + tf.convert_to_tensor(g) for t, g in zip(total, grads)]
 
-        state = (tf.constant(0), [tf.zeros_like(v) for v in variables])
-        if unrolled:
-            for _ in range(steps):
-                state = micro_step(*state)
-            total = state[1]
-        else:
-            _, total = tf.while_loop(lambda i, _: i < steps, micro_step, state)
+        total = summed_gradients(micro_step, variables, steps, unrolled=unrolled)
         optimizer.apply([t / steps for t in total], variables)
         return model.get_metrics_result()
 

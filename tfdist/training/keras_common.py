@@ -1,7 +1,8 @@
 """What the two Keras adapters (``keras3``, ``keras2``) share: which package a model comes from,
 its structural fingerprint, the History of a whole run, the low-precision output warning, a
 cache of the last model's functions, what an optimizer's copy needs besides its config, the fix
-for a model tfdist cannot use, the refusal to accumulate over a model's own train_step."""
+for a model tfdist cannot use, the refusal to accumulate over a model's own train_step and the
+sum of the micro steps' gradients."""
 
 from __future__ import annotations
 
@@ -43,6 +44,21 @@ def check_own_train_step(model, base_class, steps: int) -> None:
             f"with a model whose class {type(model).__name__} overrides train_step. Fix: accumulate in your "
             "train_step, or use grad_accum_steps=1."
         )
+
+
+def summed_gradients(micro_step, variables, steps: int, *, unrolled: bool) -> list:
+    """The gradients of ``variables`` summed over ``steps`` micro steps; ``micro_step(i, total)``
+    returns ``(i + 1, total + its gradients)``. ``unrolled`` repeats it in the graph instead of a
+    ``tf.while_loop``: under central_storage a metric's or a moving statistic's update is a
+    ``merge_call``, which TensorFlow refuses inside a loop."""
+    import tensorflow as tf
+
+    state = (tf.constant(0), [tf.zeros_like(v) for v in variables])
+    if unrolled:
+        for _ in range(steps):
+            state = micro_step(*state)
+        return state[1]
+    return tf.while_loop(lambda i, _: i < steps, micro_step, state)[1]
 
 
 def compile_fix(use: str) -> str:

@@ -46,6 +46,16 @@ def test_with_steps_per_execution_a_fault_fires_at_the_first_reported_step_after
     assert "kill_after_save at step 8 (asked for step 6" in err
 
 
+def test_a_fault_of_a_step_before_the_resume_point_never_fires(sent):
+    # A run resumed at step 8: kill_at_step:5 and :8 were the part done before; :10 is ahead.
+    task = faults.Faults(task_name="chief:0", start_step=8,
+                         environ={"TFDIST_FAULT": "kill_at_step:5,kill_at_step:8,term_at_step:10"})
+    for step in (12, 16):
+        task.fire("kill_at_step", step)
+        task.fire("term_at_step", step)
+    assert sent == [signal.SIGTERM]
+
+
 def test_a_malformed_item_is_refused_with_the_fix():
     with pytest.raises(ClusterConfigError, match=r"invalid TFDIST_FAULT item; received 'kill:3'. Fix: write "
                                                   r"\[ROLE:INDEX/\]EVENT:STEP"):

@@ -55,12 +55,15 @@ def parse(raw: str | None, *, task_name: str) -> dict[tuple[str, int], int]:
 
 
 class Faults:
-    """The faults of this task; ``fire`` is called by the training loop at each event."""
+    """The faults of this task; ``fire`` is called by the training loop at each event.
+    ``start_step``: where this run starts or resumes; faults of steps up to it belong to the
+    part of the run already done, and never fire."""
 
-    def __init__(self, *, task_name: str, environ=None):
+    def __init__(self, *, task_name: str, start_step: int = 0, environ=None):
         environ = os.environ if environ is None else environ
         first_run = (env.get(env.TFDIST_RESTART, environ) or "0") == "0"
-        self._faults = parse(env.get(env.TFDIST_FAULT, environ), task_name=task_name) if first_run else {}
+        faults = parse(env.get(env.TFDIST_FAULT, environ), task_name=task_name) if first_run else {}
+        self._faults = {key: sig for key, sig in faults.items() if key[1] > start_step}
 
     def fire(self, event: str, step: int) -> None:
         """Fires ``event``'s fault of step ``step``, or of an earlier step that was never

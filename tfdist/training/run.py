@@ -499,7 +499,7 @@ def _controller(adapter, built, checkpointer, options, strat, traits, cluster, s
         save_policy=SavePolicy(options, checkpointer) if checkpointer is not None else None,
         preemption=Preemption(watcher=PreemptionWatcher(), agreement=agreement),
         history=list(history),
-        faults=Faults(task_name=cluster.task_name),
+        faults=Faults(task_name=cluster.task_name, start_step=start_step),
         before_save=(lambda: adapter.settle(built)) if traits.coordinated else None,
         callback_state=callback_state,
     )

@@ -387,6 +387,13 @@ def test_a_save_the_state_file_never_listed_is_made_again_in_its_place_not_kept_
     assert "removed ckpt-15: this run's save of that step, never listed" in caplog.text
     assert not glob.glob(str(tmp_path / "*.replaced-*"))
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path)))
+    # Two checkpoints past the listed ones are no kill's (one save is in flight at a time): a
+    # state file rolled back by hand. They are kept aside, not removed.
+    rolled = tmp_path / "rolled"
+    _fit(rolled, epochs=1)
+    layout.write_state(str(rolled), [str(rolled / "ckpt-9")])
+    assert _fit(rolled, epochs=2).tfdist.start_step == 9
+    assert glob.glob(str(rolled / "ckpt-12.index.replaced-*")) and glob.glob(str(rolled / "ckpt-15.index.replaced-*"))
 
 
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):

@@ -220,6 +220,9 @@ class Checkpointer:
         self._taken_over = False  # another run claimed the directory since: this one writes nothing more
         self._in_flight: int | None = None  # the step of the last save started, until sync() saw it end
         self._written_step: int | None = None  # the step of the last save whose files were completed
+        # A save a kill interrupted before the state file listed it, found as the run starts:
+        # the one checkpoint this run may save over (``_quarantine_existing``).
+        self._unconfirmed = self._unconfirmed_own_save() if is_chief else None
 
     # --- writing -------------------------------------------------------------------------
     def _written(self, save_path: str) -> None:
@@ -336,7 +339,7 @@ class Checkpointer:
         files = layout.checkpoint_files(prefix)
         if not files:
             return
-        if self._unconfirmed_own_save(prefix):
+        if self._unconfirmed is not None and storage.basename(prefix) == storage.basename(self._unconfirmed):
             for path in files + [layout.metadata_path(prefix)]:
                 if storage.exists(path):
                     storage.remove(path)
@@ -350,20 +353,26 @@ class Checkpointer:
         log.warning("an earlier %s was kept as %s.*.replaced-%s before saving the new one",
                     storage.basename(prefix), storage.basename(prefix), stamp)
 
-    def _unconfirmed_own_save(self, prefix: str) -> bool:
-        """True for a save of this run that a kill interrupted before the state file listed it:
-        later than every checkpoint the state file lists, and recorded by the same run (its
-        metadata's must-match fields and Keras are this run's). Resume went on from an earlier
-        checkpoint, so nothing depended on it; keeping a copy of it at every such kill would fill
-        the disk of a job preempted often. A listed one (corrupt, skipped by resume), one of
-        another run, or any without a state file that lists checkpoints is set aside instead."""
+    def _unconfirmed_own_save(self) -> str | None:
+        """The save of this run that a kill interrupted before the state file listed it, as the
+        run starts: the only checkpoint later than every one the state file lists, recorded by
+        the same run (its metadata's must-match fields and Keras are this run's). Resume goes on
+        from an earlier checkpoint, so nothing depends on it, and keeping a copy of it at every
+        such kill would fill the disk of a job preempted often: the run saves over it. A listed
+        one (corrupt, skipped by resume), one of another run, one of several past the listed
+        ones (a state file rolled back by hand), or any without a state file that lists
+        checkpoints is set aside instead. None if there is none."""
         listed = layout.checkpoint_paths(self.directory, listed_only=True)
         steps = [layout.step_of(p) for p in listed]
-        if not steps or None in steps or layout.step_of(prefix) <= max(steps):
-            return False
-        saved = layout.read_metadata(prefix)
-        return (saved is not None and not self.run_metadata.differences(saved)
-                and self.run_metadata.keras_difference(saved) is None)
+        if not steps or None in steps:
+            return None
+        later = [p for p in layout.found_checkpoints(self.directory) if (layout.step_of(p) or 0) > max(steps)]
+        if len(later) != 1:  # one save is in flight at a time: a kill leaves one
+            return None
+        saved = layout.read_metadata(later[0])
+        if saved is None or self.run_metadata.differences(saved) or self.run_metadata.keras_difference(saved):
+            return None
+        return later[0]
 
     def _set_aside_unreadable_state(self) -> None:
         """Moves aside a state file that names no checkpoint (emptied, damaged, written over),

@@ -45,7 +45,7 @@ class _RunEnd:
             metadata = layout.latest_metadata(self._directory)
         except Exception:  # noqa: BLE001 -- storage unreachable for a moment: not the end of the run
             return None
-        return None if metadata is None else (metadata.global_step, metadata.raw.get("saved_at"), metadata.complete)
+        return None if metadata is None else (metadata.global_step, metadata.saved_at, metadata.complete)
 
     def over(self) -> bool:
         newest = self._newest()

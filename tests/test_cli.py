@@ -27,6 +27,12 @@ def test_tensorflow_start_up_lines_are_hidden_unless_asked_for(procs):
     assert code == 0 and "strategy:" in loud
     # This machine (no GPU) prints CUDA probing lines at least; --verbose lets them through.
     assert any(k in loud for k in _START_UP), loud[-2000:]
+    # Inside an srun step the cluster is read with TensorFlow's host-list helpers: still quiet.
+    slurm = dict(environ, SLURM_JOB_ID="1", SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="2",
+                 SLURM_STEP_NODELIST="node[1-2]", SLURM_STEP_TASKS_PER_NODE="1(x2)")
+    code, quiet = procs.tfdist("env", env=slurm, timeout=120)
+    assert code == 0 and "(from Slurm)" in quiet, quiet[-2000:]
+    assert not [line for line in quiet.splitlines() if any(k in line for k in _START_UP)], quiet[-2000:]
 
 
 @pytest.mark.parametrize(

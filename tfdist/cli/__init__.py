@@ -78,6 +78,15 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _in_slurm_step() -> bool:
+    """Inside an srun step of several tasks, where tfdist builds the cluster from Slurm's variables."""
+    from tfdist import env
+
+    tasks = env.get(env.SLURM_STEP_NUM_TASKS) or env.get(env.SLURM_NTASKS) or "1"
+    return env.get(env.SLURM_JOB_ID) is not None and env.get(env.SLURM_PROCID) is not None and tasks.isdigit() \
+        and int(tasks) > 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tfdist.cli import _quiet
     from tfdist.errors import PeerUnavailableError, TfdistError
@@ -88,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _logs.setup()
     _quiet.set_verbose(args.show_tensorflow_logs)
+    if _in_slurm_step():  # the cluster is read with TensorFlow's Slurm host-list helpers: its start-up lines hidden
+        _quiet.import_tensorflow()
     try:
         return int(args.func(args) or 0)
     except PeerUnavailableError as e:

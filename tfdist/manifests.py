@@ -458,9 +458,9 @@ def _volumes(description: JobDescription) -> list[dict]:
     return [{"name": RUNS_VOLUME, "persistentVolumeClaim": {"claimName": f"{description.name}-{RUNS_VOLUME}"}}]
 
 
-def _apply_note(description: JobDescription, output: str | None) -> str:
+def _apply_note(description: JobDescription, output: str | None, *, stop: str) -> str:
     return (f"# Apply: kubectl apply -f {output or '<this file>'}\n"
-            f"# Stop:  kubectl -n {description.namespace} delete {{kinds}} -l tfdist/job={description.name}\n"
+            f"# Stop:  kubectl -n {description.namespace} delete {stop}\n"
             f"# Not `kubectl delete -f`: it deletes the claim too and, under the usual reclaim policy\n"
             f"# (Delete), the volume with every checkpoint, which a restarted job resumes from.\n")
 
@@ -519,7 +519,7 @@ def _k8s(description: JobDescription, *, output: str | None) -> str:
     note = (f"# One Job per task: a failed pod is replaced (a preemption's 75, a lost peer's 76: up to {K8S_BACKOFF_LIMIT}\n"
             "# times; an eviction does not count), bad input's exit 2 fails the Job at once. Needs Kubernetes\n"
             "# 1.26+ (podFailurePolicy). A ps or worker of a parameter-server job exits 0 when the run is over.\n")
-    return (_apply_note(description, output).format(kinds="job,service") + note + _STORAGE_NOTE
+    return (_apply_note(description, output, stop=f"job,service -l tfdist/job={description.name}") + note + _STORAGE_NOTE
             + _yaml(service, _claim(description), *jobs))
 
 
@@ -557,7 +557,7 @@ def _tfjob(description: JobDescription, *, output: str | None) -> str:
     )
     note += (f"# It fails after {TFJOB_BACKOFF_LIMIT} restarts (runPolicy.backoffLimit; preemptions count too): a bad\n"
              "# input's exit 2 does not restart for ever. Not restartPolicy ExitCode: it fails on 75 and 76.\n")
-    return (_apply_note(description, output).format(kinds="tfjob") + note + _STORAGE_NOTE
+    return (_apply_note(description, output, stop=f"tfjob {description.name}") + note + _STORAGE_NOTE
             + _yaml(_claim(description), job))
 
 

@@ -76,7 +76,7 @@ def _loss_scaling_refused(error: ValueError, precision: str) -> ModelError | Non
     message = str(error)
     if precision != "mixed_float16" or "Mixed precision is not supported with the tf.distribute.Strategy" not in message:
         return None
-    strategy = message.split("Strategy: ", 1)[1].split(".", 1)[0]
+    strategy = message.split("Strategy: ", 1)[-1].split(".", 1)[0]
     return ModelError(
         f"tf_keras runs mixed_float16's loss scaling only under one_device, mirrored and multi_worker_mirrored; "
         f"received {strategy}. Fix: use mixed_precision='mixed_bfloat16' (no loss scaling), or build the model "

@@ -249,6 +249,14 @@ def _parse_slurm_jobs(raw: str) -> dict[str, int]:
     return jobs
 
 
+def slurm_step_tasks(environ: Mapping[str, str] | None = None) -> str | None:
+    """The number of tasks of the srun step this process runs in, as Slurm wrote it (unchecked);
+    None outside a Slurm job."""
+    if env.get(env.SLURM_JOB_ID, environ) is None or env.get(env.SLURM_PROCID, environ) is None:
+        return None
+    return env.get(env.SLURM_STEP_NUM_TASKS, environ) or env.get(env.SLURM_NTASKS, environ) or "1"
+
+
 def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
     """The cluster of an ``srun`` step with more than one task, or None outside one.
 
@@ -260,9 +268,9 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
     Ranks fill the roles in alphabetical order (chief, evaluator, ps, worker), as that
     resolver does.
     """
-    if env.get(env.SLURM_JOB_ID, environ) is None or env.get(env.SLURM_PROCID, environ) is None:
+    num_tasks = slurm_step_tasks(environ)
+    if num_tasks is None:
         return None
-    num_tasks = env.get(env.SLURM_STEP_NUM_TASKS, environ) or env.get(env.SLURM_NTASKS, environ) or "1"
     if not num_tasks.isdigit():
         raise config_error("Slurm", env.SLURM_STEP_NUM_TASKS, num_tasks, "run tfdist inside an srun step.")
     if int(num_tasks) < 2:

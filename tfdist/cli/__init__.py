@@ -80,11 +80,10 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
 
 def _in_slurm_step() -> bool:
     """Inside an srun step of several tasks, where tfdist builds the cluster from Slurm's variables."""
-    from tfdist import env
+    from tfdist.cluster import slurm_step_tasks
 
-    tasks = env.get(env.SLURM_STEP_NUM_TASKS) or env.get(env.SLURM_NTASKS) or "1"
-    return env.get(env.SLURM_JOB_ID) is not None and env.get(env.SLURM_PROCID) is not None and tasks.isdigit() \
-        and int(tasks) > 1
+    tasks = slurm_step_tasks()
+    return tasks is not None and tasks.isdigit() and int(tasks) > 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,7 @@ DEFAULT_COMMAND = "tfdist train --output-dir /runs --summary-json /runs/summary.
 DEFAULT_NAME = "tfdist"
 DEFAULT_NAMESPACE = "default"
 RUNS_VOLUME, RUNS_MOUNT = "runs", "/runs"
+"""Every task mounts one shared volume here: workers restore from the chief's checkpoints."""
 DEFAULT_STORAGE_SIZE = "10Gi"
 GPU_BASE_IMAGE = "tensorflow/tensorflow:2.21.0-gpu"
 """docker/Dockerfile's ``BASE`` for compose files with ``--gpus``."""
@@ -50,7 +51,6 @@ TFJOB_BACKOFF_LIMIT = 10
 """Restarts a TFJob allows before it fails: every restart counts (a preemption's exit 75, a lost
 peer's 76), and without a limit a bad input's exit 2 would restart for ever. Kubeflow's
 ``ExitCode`` policy cannot tell them apart: it takes 75 and 76 for permanent failures."""
-"""Every task mounts one shared volume here: workers restore from the chief's checkpoints."""
 
 TF_CONFIGS_ANNOTATION = "tfdist/tf-configs"
 """TFJob annotation listing the TF_CONFIG Kubeflow writes into each task."""
@@ -203,7 +203,7 @@ class JobDescription:
         if not _is_label(self.namespace, _RFC1123_LABEL) or len(self.namespace) > _MAX_LABEL:
             raise config_error(_WHERE, "--namespace", self.namespace, "use a Kubernetes namespace name, e.g. default.")
         if self.storage_class is not None and not (
-                re.fullmatch(rf"{_RFC1123_LABEL}(\.{_RFC1123_LABEL})*", self.storage_class or "")
+                re.fullmatch(rf"{_RFC1123_LABEL}(\.{_RFC1123_LABEL})*", self.storage_class)
                 and len(self.storage_class) <= 253):
             raise config_error(_WHERE, "--storage-class", self.storage_class,
                                "name a StorageClass of the cluster (kubectl get storageclass), e.g. nfs-client.")
@@ -395,9 +395,10 @@ def _compose(description: JobDescription, *, output: str | None) -> str:
             "stop_grace_period": f"{GRACE_SECONDS}s",
             "restart": f"on-failure:{COMPOSE_RESTARTS}",
         }
-        if _gpus(description, role):
+        gpus = _gpus(description, role)
+        if gpus:
             services[name]["deploy"] = {"resources": {"reservations": {"devices": [
-                {"driver": "nvidia", "count": _gpus(description, role), "capabilities": ["gpu"]}]}}}
+                {"driver": "nvidia", "count": gpus, "capabilities": ["gpu"]}]}}}
     document = {"name": description.name, "services": services, "volumes": {RUNS_VOLUME: {}}}
     if output is None:
         note = (f"# Save this file in the repository root (the folder holding {DOCKERFILE}), its build context,\n"
@@ -449,8 +450,9 @@ def _container(description: JobDescription, port: str, *, role: str, port_name: 
         container["env"] = [{"name": env.TF_CONFIG, "value": env.tf_config_value(tf_config)}]
     container["ports"] = [{"name": port_name, "containerPort": int(port)}]
     container["volumeMounts"] = [{"name": RUNS_VOLUME, "mountPath": RUNS_MOUNT}]
-    if _gpus(description, role):  # the NVIDIA device plugin's resource; without it a pod sees no GPU
-        container["resources"] = {"limits": {"nvidia.com/gpu": _gpus(description, role)}}
+    gpus = _gpus(description, role)
+    if gpus:  # the NVIDIA device plugin's resource; without it a pod sees no GPU
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     return container
 
 

@@ -16,6 +16,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more; received {text!r}")
+    return int(text)
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

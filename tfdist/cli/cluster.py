@@ -7,6 +7,7 @@ import os
 import sys
 
 from tfdist import manifests
+from tfdist.cli import _args
 
 
 def register(subparsers) -> None:
@@ -45,7 +46,7 @@ def register(subparsers) -> None:
         help="size of the runs claim, e.g. 500Gi (default: %(default)s)",
     )
     deploy.add_argument(
-        "--gpus", type=_gpu_count, default=0, metavar="N",
+        "--gpus", type=_args.nonnegative_int, default=0, metavar="N",
         help="NVIDIA GPUs of each chief, worker and evaluator task (ps: none): the Kubernetes resource nvidia.com/gpu, "
         "or a compose device reservation and docker/Dockerfile built on TensorFlow's -gpu image (default: 0)",
     )
@@ -56,12 +57,6 @@ def register(subparsers) -> None:
         "--output", "-o", metavar="FILE", help="write the document to FILE (named in its header) instead of stdout"
     )
     parser.set_defaults(func=run)
-
-
-def _gpu_count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs per task, 0 or more; received {text!r}")
-    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:

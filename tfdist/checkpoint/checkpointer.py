@@ -339,17 +339,16 @@ class Checkpointer:
         files = layout.checkpoint_files(prefix)
         if not files:
             return
+        paths = [p for p in files + [layout.metadata_path(prefix)] if storage.exists(p)]
         if self._unconfirmed is not None and storage.basename(prefix) == storage.basename(self._unconfirmed):
-            for path in files + [layout.metadata_path(prefix)]:
-                if storage.exists(path):
-                    storage.remove(path)
+            for path in paths:
+                storage.remove(path)
             log.info("removed %s: this run's save of that step, never listed (the process ended while it was being "
                      "written), is being made again", storage.basename(prefix))
             return
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        for path in files + [layout.metadata_path(prefix)]:
-            if storage.exists(path):
-                storage.rename(path, layout.replaced_name(path, stamp))
+        for path in paths:
+            storage.rename(path, layout.replaced_name(path, stamp))
         log.warning("an earlier %s was kept as %s.*.replaced-%s before saving the new one",
                     storage.basename(prefix), storage.basename(prefix), stamp)
 

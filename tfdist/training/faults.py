@@ -71,9 +71,9 @@ class Faults:
         due = [asked for (name, asked) in self._faults if name == event and asked <= step]
         if not due:
             return
-        sig = None
         for asked in due:
-            sig = self._faults.pop((event, asked))
+            del self._faults[(event, asked)]
+        sig = EVENTS[event]
         late = f" (asked for step {max(due)}: the first step end reported at or after it)" if max(due) != step else ""
         sys.stderr.write(f"tfdist: {env.TFDIST_FAULT}: {event} at step {step}{late}: sending "
                          f"{signal.Signals(sig).name} to itself\n")

@@ -205,20 +205,24 @@ def _timer(turns, sampler):
     return Timer()
 
 
-def _tfrecord_source(x, y, directory: str):
-    """The images written to a TFRecord file (uint8 bytes + label), read back by tfdist.TFRecordSource."""
+def _tfrecord_source(x, y, directory: str, *, files: int = 1):
+    """The images written to ``files`` TFRecord files (uint8 bytes + label, example i in file i
+    mod ``files``), read back by tfdist.TFRecordSource."""
     import numpy as np
     import tensorflow as tf
 
     import tfdist
 
-    path = os.path.join(directory, "train-00000.tfrecord")
     pixels = (x * 255).astype(np.uint8)
-    with tf.io.TFRecordWriter(path) as writer:
-        for image, label in zip(pixels, y):
-            feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
-                       "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
-            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    paths = []
+    for f in range(files):
+        path = os.path.join(directory, f"train-{f:05d}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for image, label in zip(pixels[f::files], y[f::files]):
+                feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+                           "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        paths.append(path)
     shape = list(x.shape[1:])
 
     def parse(serialized):  # one per-replica batch of records
@@ -227,7 +231,7 @@ def _tfrecord_source(x, y, directory: str):
         images = tf.reshape(tf.io.decode_raw(f["image"], tf.uint8), [-1, *shape])
         return tf.cast(images, tf.float32) / 255.0, tf.cast(f["label"], tf.int32)
 
-    return tfdist.TFRecordSource(path, parse)
+    return tfdist.TFRecordSource(paths, parse)
 
 
 def _gather_in_graph() -> None:

@@ -27,34 +27,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import _common  # noqa: E402  (benchmarks/_common.py: statistics, the machine)
+from gpu import _tfrecord_source  # noqa: E402  (benchmarks/gpu.py: the records and parse function of part d)
 
 BATCH, SHAPE = 256, (32, 32, 3)
-
-
-def _records(x: np.ndarray, y: np.ndarray, directory: str, files: int):
-    """The images as uint8 bytes + label in ``files`` TFRecord files, and a TFRecordSource on them."""
-    import tensorflow as tf
-
-    import tfdist
-
-    pixels = (x * 255).astype(np.uint8)
-    paths = []
-    for f in range(files):
-        path = os.path.join(directory, f"train-{f:05d}.tfrecord")
-        with tf.io.TFRecordWriter(path) as writer:
-            for image, label in zip(pixels[f::files], y[f::files]):
-                feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
-                           "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-        paths.append(path)
-
-    def parse(serialized):  # one per-replica batch of records, as benchmarks/gpu.py parses them
-        f = tf.io.parse_example(serialized, {"image": tf.io.FixedLenFeature([], tf.string),
-                                             "label": tf.io.FixedLenFeature([], tf.int64)})
-        images = tf.reshape(tf.io.decode_raw(f["image"], tf.uint8), [-1, *SHAPE])
-        return tf.cast(images, tf.float32) / 255.0, tf.cast(f["label"], tf.int32)
-
-    return tfdist.TFRecordSource(paths, parse)
 
 
 def _waits(source, *, epochs: int, consume: float) -> tuple[list[float], int, str]:
@@ -92,7 +67,8 @@ def main() -> int:
     rng = np.random.default_rng(0)
     x = rng.random((BATCH * args.steps, *SHAPE), dtype=np.float32)
     y = rng.integers(0, 10, len(x)).astype(np.int32)
-    sources = {"tfrecord": _records(x, y, tempfile.mkdtemp(prefix="tfdist-input-wait-"), args.files), "arrays": (x, y)}
+    directory = tempfile.mkdtemp(prefix="tfdist-input-wait-")
+    sources = {"tfrecord": _tfrecord_source(x, y, directory, files=args.files), "arrays": (x, y)}
     results: dict[str, list[dict]] = {name: [] for name in sources}
     for rep in range(args.repeats):
         for name in (list(sources) if rep % 2 == 0 else list(sources)[::-1]):

@@ -20,7 +20,8 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors, process_state, read_json, script_result, wait_for
+from conftest import (assert_bit_identical, base_env, checkpoint_tensors, process_state, read_json, same_weights,
+                      script_result, wait_for)
 
 TRAIN = ["train", "--model", "resnet", "--epochs", "3", "--steps-per-epoch", "8", "--batch-size", "32", "--seed", "4",
          "--deterministic", "--save-every-steps", "3", "--verbose", "0"]
@@ -211,8 +212,9 @@ def test_the_writer_record_is_claimed_checked_and_released_by_its_own_run_only(t
 def _tree_digest(directory) -> dict:
     return {
         os.path.relpath(p, directory): hashlib.sha256(open(p, "rb").read()).hexdigest()
-        for p in sorted(glob.glob(os.path.join(directory, "**"), recursive=True)) if os.path.isfile(p)
-    }
+        for p in sorted(glob.glob(os.path.join(directory, "**"), recursive=True, include_hidden=True))
+        if os.path.isfile(p)
+    }  # hidden files too: the record of the run that writes the directory (.tfdist-writer.json)
 
 
 def _tiny():
@@ -253,6 +255,27 @@ def _fit(directory, data=None, **kwargs):
                    checkpoint_dir=str(directory), save_every_steps=3)
     options.update(kwargs)
     return tfdist.fit(_tiny, data if data is not None else (_X, _Y), **options)
+
+
+def test_fit_ends_its_background_writer_so_that_a_notebook_kernel_frees_each_model(tmp_path):
+    # TensorFlow's async writer thread waits for saves until the process exits, and its atexit
+    # hook holds the model: one thread and one model per fit in a kernel that runs many.
+    import gc
+    import threading
+    import weakref
+
+    def writers():
+        return [t for t in threading.enumerate() if "async_save" in t.name]
+
+    before = len(writers())
+    models = []
+    for i in range(2):
+        history = _fit(tmp_path / str(i), epochs=1)
+        models.append(weakref.ref(history.model))
+        del history
+    gc.collect()
+    assert len(writers()) == before
+    assert [ref() for ref in models] == [None, None]
 
 
 def test_an_error_inside_fit_lets_the_save_in_flight_finish_before_it_propagates(tmp_path):
@@ -504,7 +527,19 @@ def test_checkpoints_of_another_model_under_allow_changes_are_refused_as_such_no
                              "--output-dir", str(out_dir), timeout=120, env=base_env())
     assert code == 2 and "Traceback" not in out, out[-3000:]
     assert "hold other variables than this run's model and optimizer" in out and "corrupt" not in out, out[-3000:]
-    assert _tree_digest(out_dir / "checkpoints") == before
+    assert "unrestored values" not in out and "could not be found" not in out, out[-3000:]  # no page after the line
+    assert _tree_digest(out_dir / "checkpoints") == before  # the writer's record too: the refused run wrote nothing
+
+
+def test_fewer_epochs_than_a_complete_run_trained_return_its_model_and_say_so(tmp_path, caplog):
+    done = _fit(tmp_path, epochs=2)
+    with caplog.at_level("INFO", logger="tfdist"):
+        again = _fit(tmp_path, epochs=1)
+    assert again.tfdist.start_step == again.tfdist.global_step == done.tfdist.global_step == 30
+    assert same_weights(again.model, done.model)
+    assert "global step 30 (end of epoch 1; 15 steps per epoch)" in caplog.text  # not "epoch 2, step 0"
+    assert ("epochs=1 (--epochs) is fewer than the 2 that run trained: returning its model after 2 epochs, as it "
+            "ended. Fix: for a 1-epoch run, use another checkpoint_dir") in caplog.text
 
 
 def test_a_relative_checkpoint_dir_resumes(tmp_path, monkeypatch):
@@ -550,7 +585,7 @@ def test_a_failing_background_write_is_raised_and_earlier_checkpoints_stay(tmp_p
         _fit(tmp_path, epochs=3)
     monkeypatch.setattr(tf.train.Checkpoint, "sync", real_sync)
     for name, digest in before.items():
-        if name != layout.STATE_FILE and not name.endswith(layout.METADATA_SUFFIX):
+        if name not in (layout.STATE_FILE, layout.WRITER_FILE) and not name.endswith(layout.METADATA_SUFFIX):
             assert _tree_digest(tmp_path).get(name) == digest, name
 
 

@@ -426,6 +426,7 @@ class Checkpointer:
         try:
             self.sync()
         finally:
+            _end_async_writer(self.root)
             if not self.is_chief:
                 storage.rmtree(self.directory)
             elif self._writer is not None:
@@ -461,8 +462,6 @@ class Checkpointer:
 
     def restore(self) -> ResumePoint | None:
         """Restores the newest good checkpoint; a corrupt one is skipped with a warning."""
-        import tensorflow as tf
-
         self.sync()
         listed = layout.checkpoint_paths(self.options.directory, listed_only=True) if self.options.resume else []
         paths = listed or (layout.found_checkpoints(self.options.directory) if self.options.resume else [])
@@ -471,11 +470,17 @@ class Checkpointer:
                         "(newest %s)", self.options.directory, storage.basename(paths[-1]))
         if paths:  # the newest checkpoint decides which run the directory belongs to
             self._check_compatible(paths[-1], layout.read_metadata(paths[-1]))
-        if self.is_chief:  # this run's directory: what killed writes left can go, and this run writes it now
+        if self.is_chief:  # this run's directory: what killed writes left can go
             self._remove_interrupted_writes()
+        point = self._restore_newest(paths, listed=bool(listed)) if paths else None
+        if self.is_chief:  # this run writes the directory now (a run refused above leaves the record alone)
             self._writer = ownership.claim(self.directory)
-        if not paths:
-            return None
+        return point
+
+    def _restore_newest(self, paths: list[str], *, listed: bool) -> ResumePoint:
+        """Restores the newest of ``paths`` this run can read; raises if it can read none."""
+        import tensorflow as tf
+
         mismatched: list[str] = []  # read, but holding other objects than this run's (e.g. another model)
         for path in reversed(paths):
             metadata = layout.read_metadata(path)
@@ -491,11 +496,13 @@ class Checkpointer:
             except CheckpointMismatchError:
                 raise
             except (AssertionError, ValueError) as e:  # objects or shapes other than this run's
+                _expect_partial(e)
                 log.warning("checkpoint %s does not match this run's model and optimizer (%s); falling back to the "
                             "previous one", path, describe(e))
                 mismatched.append(describe(e))
                 continue
             except (tf.errors.OpError, IndexError, OSError) as e:  # IndexError: a truncated file
+                _expect_partial(e)
                 log.warning("checkpoint %s cannot be read (%s); falling back to the previous one", path, describe(e))
                 continue
             self._restore_replica_state(path, metadata)
@@ -570,3 +577,34 @@ def _take_async_error(root) -> BaseException | None:
     if error is not None:
         helper._async_error = None
     return error
+
+
+def _expect_partial(error: BaseException) -> None:
+    """Marks the restore that raised ``error`` as partial on purpose, as ``status.expect_partial()``
+    would. Its status never came back, and TensorFlow would otherwise log a page of "unrestored
+    values" warnings when the restore's coordinator is collected, after tfdist's one-line error.
+    The coordinator is a local of the frame in TensorFlow's ``restore`` that raised."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        for value in list(traceback.tb_frame.f_locals.values()):
+            if hasattr(value, "expect_partial_attr"):  # _CheckpointRestoreCoordinator
+                value.expect_partial = True
+        traceback = traceback.tb_next
+
+
+def _end_async_writer(root) -> None:
+    """Ends TensorFlow's writer thread of ``root`` (private attributes of ``AsyncCheckpointHelper``,
+    read defensively, as ``_take_async_error``). Left alone, the thread waits for saves until the
+    process exits, and ``atexit`` holds the helper, which holds the model and its copies of the
+    variables: one thread and one model's memory (on a GPU too) per ``fit`` in a notebook.
+    A later save on ``root`` starts a new writer."""
+    import atexit
+
+    helper = getattr(root, "_async_checkpointer_impl", None)
+    join = getattr(helper, "_join_async_save_thread", None)
+    if join is None:
+        return
+    atexit.unregister(join)
+    if getattr(helper, "_async_save_thread", None) is not None:
+        join()  # the last save was waited for by sync(): this only ends the idle thread
+    root._async_checkpointer_impl = None

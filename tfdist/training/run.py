@@ -396,8 +396,10 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         callback_state.resume_from(point.metadata.callbacks, arrays_restored=checkpointer.callback_arrays_restored)
     if point is not None:
         spe = plan.steps_per_epoch
-        log.info("resuming from %s: global step %d (epoch %d, step %d of %d)", point.path, point.global_step,
-                 point.global_step // spe, point.global_step % spe, spe)
+        epoch, step = divmod(point.global_step, spe)
+        where = (f"end of epoch {epoch - 1}; {spe} steps per epoch" if step == 0 and epoch
+                 else f"epoch {epoch}, step {step} of {spe}")
+        log.info("resuming from %s: global step %d (%s)", point.path, point.global_step, where)
         saved_spe = point.metadata.run_value("steps_per_epoch")
         if isinstance(saved_spe, int) and saved_spe != spe:  # allow_changes, e.g. another batch size
             log.warning(
@@ -430,6 +432,11 @@ def _already_complete(point: ResumePoint, adapter, built, checkpointer: Checkpoi
     checkpoint's state, with an EarlyStopping's best weights if it restored them."""
     log.info("the run in %s is already complete at step %d; nothing to train", checkpointer.options.directory,
              point.global_step)
+    ran = point.metadata.epochs
+    if ran is not None and ran > shape.plan.epochs:
+        log.warning("epochs=%d (--epochs) is fewer than the %d that run trained: returning its model after %d epochs, "
+                    "as it ended. Fix: for a %d-epoch run, use another checkpoint_dir (--output-dir)", shape.plan.epochs,
+                    ran, ran, shape.plan.epochs)
     checkpointer.close()
     best = callback_state.weights_at_end()
     if best is not None:

@@ -125,6 +125,7 @@ _PRINT_CONFIG = 'print("CONFIG", restart, os.environ["TF_CONFIG"])\n'
         ({"host": "bad host"}, "--host"),
         ({"grace": 0}, "--grace"),
         ({"finish_timeout": -1}, "--finish-timeout"),
+        ({"evaluator_timeout": 0}, "--evaluator-timeout"),
         ({"startup_timeout": -5}, "--startup-timeout"),
         ({"command": []}, "COMMAND"),
         ({"command": "python train.py"}, "COMMAND"),
@@ -321,6 +322,27 @@ time.sleep(0.3)
     assert (result.exit_code, result.restarts) == (0, 0)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("evaluator_timeout, evaluated", [(30.0, True), (1.0, False)])
+def test_the_evaluator_has_the_evaluator_timeout_not_the_grace_period_to_evaluate_the_last_checkpoint(
+        task_script, tmp_path, caplog, evaluator_timeout, evaluated):
+    # The final evaluation (here 3 s) outlasts --grace (1 s): it is kept within --evaluator-timeout.
+    command = task_script(
+        """
+if role == "evaluator":
+    wait_for(lambda: lines("done", "worker-0"))
+    time.sleep(3)
+    record("evaluated")
+    sys.exit(0)
+record("done")
+"""
+    )
+    result, _, _ = _launch(command, workers=1, evaluator=True, grace=1.0, evaluator_timeout=evaluator_timeout)
+    assert (result.exit_code, result.restarts) == (0, 0)
+    assert (tmp_path / "evaluated-evaluator-0.log").exists() == evaluated
+    assert ("did not finish within 1 s of the end of training" in caplog.text) == (not evaluated), caplog.text
+
+
 # --- parameter-server jobs --------------------------------------------------------------------
 @pytest.mark.timeout(30)
 def test_ps_job_ends_when_the_chief_exits_0_and_stops_the_servers(task_script, tmp_path):
@@ -334,7 +356,8 @@ time.sleep(60)  # ps, workers and the evaluator serve forever
 """
     )
     start = time.monotonic()
-    result, out, _ = _launch(command, workers=2, ps=1, evaluator=True)
+    # An evaluator that never exits by itself is stopped after --evaluator-timeout.
+    result, out, _ = _launch(command, workers=2, ps=1, evaluator=True, evaluator_timeout=1.0)
     assert (result.exit_code, result.restarts, result.worker_restarts) == (0, 0, 0)
     assert time.monotonic() - start < 15
     config = _configs(out)[0, "chief:0"]
@@ -402,6 +425,22 @@ def test_a_bad_input_exit_ends_the_launch_at_once_without_restarts(task_script, 
     assert "bad input" in result.reason
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ps", [0, 1])
+@pytest.mark.parametrize("how", ["sigint", "130"])
+def test_a_task_stopped_by_ctrl_c_ends_the_launch_without_restarts(task_script, tmp_path, ps, how, caplog):
+    # Ctrl-C to one task (kill -INT): fit saves the step and re-raises; a script dies of SIGINT,
+    # tfdist train exits 130. The user asked the run to stop: no restart, whole or lone.
+    die = "os.kill(os.getpid(), signal.SIGINT)" if how == "sigint" else "sys.exit(130)"
+    command = task_script('record("attempt", restart)\n'
+                          f'if role == "worker" and index == 1:\n    {die}\ntime.sleep(60)\n')
+    result, _, _ = _launch(command, workers=2, ps=ps, max_restarts=3)
+    assert (result.exit_code, result.restarts, result.worker_restarts) == (130, 0, 0), caplog.text
+    assert (tmp_path / "attempt-worker-1.log").read_text().split() == ["0"]  # started once, never again
+    assert "worker:1" in result.reason and "interrupted (Ctrl-C)" in result.reason, result.reason
+    assert "not restarting" in caplog.text
+
+
 def test_bad_input_decides_over_the_peer_that_lost_it_when_both_exit_in_one_poll():
     from tfdist.launch import _deciding, _Task
 
@@ -415,6 +454,9 @@ def test_bad_input_decides_over_the_peer_that_lost_it_when_both_exit_in_one_poll
     assert _deciding([chief, task(1, 1)], chief) is chief  # else the result task's exit
     other = task(1, 1)
     assert _deciding([other], chief) is other
+    interrupted = task(1, -signal.SIGINT)  # Ctrl-C to worker 1; the chief lost it
+    assert _deciding([chief, interrupted], chief) is interrupted
+    assert _deciding([interrupted, reader], chief) is reader  # bad input first
 
 
 @pytest.mark.timeout(120)

@@ -14,7 +14,9 @@ SIGINT/SIGTERM, and applies the failure policy:
 Exit code ``EXIT_PREEMPTED`` (75) is a failure like any other: it restarts the cluster and
 counts towards ``max_restarts``. Exit code ``EXIT_USAGE`` (2: bad input, e.g. a refused model
 or an invalid option) ends the launch at once with that code: the same command would fail
-the same way after a restart. Nothing here imports TensorFlow.
+the same way after a restart. A task that dies of SIGINT (Ctrl-C to it alone: ``fit`` saves the
+step, tells the other workers and re-raises the ``KeyboardInterrupt``) ends the launch too, with
+code 130: the user asked the run to stop. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ log = logging.getLogger("tfdist.launch")
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_GRACE = 30.0
 DEFAULT_FINISH_TIMEOUT = 60.0
+DEFAULT_EVALUATOR_TIMEOUT = 600.0
 
 _PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 _HOST = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a host name or IPv4 address, as cluster.py accepts
@@ -79,6 +82,9 @@ class LaunchOptions:
         decides the job (the chief, else worker 0) exited 0; one still running then is stopped,
         and that is a failure. Longer than ``grace``: a busy machine takes a while to tear
         TensorFlow down, and a needless restart of a finished run only reports it complete.
+      evaluator_timeout: seconds the evaluator has, once training has finished, to evaluate the
+        run's last checkpoint and exit by itself; then it is stopped (and that final
+        evaluation is lost). An evaluation of a large validation set takes minutes.
     """
 
     command: Sequence[str]
@@ -92,6 +98,7 @@ class LaunchOptions:
     startup_timeout: float | None = None
     grace: float = DEFAULT_GRACE
     finish_timeout: float = DEFAULT_FINISH_TIMEOUT
+    evaluator_timeout: float = DEFAULT_EVALUATOR_TIMEOUT
 
     def __post_init__(self):
         command = self.command
@@ -132,6 +139,8 @@ class LaunchOptions:
         _fix_seconds("--grace", self.grace, fix=f"pass e.g. --grace {DEFAULT_GRACE:g}.")
         _fix_seconds("--finish-timeout", self.finish_timeout,
                      fix=f"pass e.g. --finish-timeout {DEFAULT_FINISH_TIMEOUT:g}.")
+        _fix_seconds("--evaluator-timeout", self.evaluator_timeout,
+                     fix=f"pass e.g. --evaluator-timeout {DEFAULT_EVALUATOR_TIMEOUT:g}.")
 
     @property
     def has_chief(self) -> bool:
@@ -215,25 +224,35 @@ class _Task:
 
 @dataclasses.dataclass(frozen=True)
 class _Outcome:
-    kind: str  # "success", "failure", "bad-input" (not worth a restart) or "stopped"
+    kind: str  # "success", "failure", "bad-input" or "interrupted" (neither worth a restart), or "stopped"
     exit_code: int
     reason: str
 
 
 def _failure(task: _Task, note: str = "") -> _Outcome:
-    """The outcome of ``task``'s failed exit: bad input ends the launch, anything else may restart."""
+    """The outcome of ``task``'s failed exit: bad input or a Ctrl-C ends the launch, anything else may restart."""
     if task.returncode == env.EXIT_USAGE:
         return _Outcome("bad-input", env.EXIT_USAGE,
                         f"{task.name} {_describe_exit(task.returncode)}: bad input, which a restart cannot fix")
+    if _interrupted(task):  # fit saved the step it came in
+        return _Outcome("interrupted", exit_code_of(task.returncode),
+                        f"{task.name} {_describe_exit(task.returncode)}: interrupted (Ctrl-C), which stops the run")
     return _Outcome("failure", exit_code_of(task.returncode) or env.EXIT_FAILED,
                     f"{task.name} {_describe_exit(task.returncode)}{note}")
 
 
+def _interrupted(task: _Task) -> bool:
+    """Stopped by Ctrl-C: killed by SIGINT (a script's uncaught KeyboardInterrupt), or exit code
+    130 (``tfdist train``, which reports where it stopped)."""
+    return task.returncode in (-signal.SIGINT, 128 + signal.SIGINT)
+
+
 def _deciding(failures: list[_Task], result_task: _Task) -> _Task:
     """Of the tasks that failed in one poll, the one whose exit decides: bad input first (a restart
-    cannot fix it, whatever the peers that lost it exited with), then the result task, then the first."""
-    bad_input = [t for t in failures if t.returncode == env.EXIT_USAGE]
-    return bad_input[0] if bad_input else result_task if result_task in failures else failures[0]
+    cannot fix it, whatever the peers that lost it exited with), then a Ctrl-C, then the result
+    task, then the first."""
+    final = [t for t in failures if t.returncode == env.EXIT_USAGE] or [t for t in failures if _interrupted(t)]
+    return final[0] if final else result_task if result_task in failures else failures[0]
 
 
 class Launcher:
@@ -315,7 +334,7 @@ class Launcher:
                 return self._stopped_outcome()
             if outcome.kind == "success":
                 return outcome
-            if outcome.kind == "bad-input":
+            if outcome.kind in ("bad-input", "interrupted"):
                 log.error("%s; not restarting", outcome.reason)
                 return outcome
             if self._restarts >= self.options.max_restarts:
@@ -388,7 +407,7 @@ class Launcher:
                 if task.role == EVALUATOR:
                     self._evaluator_exited(task)
                 elif task.role == WORKER:
-                    if task.returncode == env.EXIT_USAGE or task.lone_restarts >= max_restarts:
+                    if task.returncode == env.EXIT_USAGE or _interrupted(task) or task.lone_restarts >= max_restarts:
                         return _failure(task, f" and used its {max_restarts} lone restart(s)")
                     task.lone_restarts += 1
                     self._worker_restarts += 1
@@ -400,16 +419,24 @@ class Launcher:
             time.sleep(_POLL_S)
 
     def _let_the_evaluator_finish(self) -> None:
-        """After training, the evaluator gets ``grace`` seconds to evaluate the last checkpoint
-        (it exits by itself once it has evaluated the run's complete one)."""
+        """After training, the evaluator gets ``evaluator_timeout`` seconds to evaluate the last
+        checkpoint (it exits by itself once it has evaluated the run's complete one)."""
         evaluators = [t for t in self._tasks if t.role == EVALUATOR and t.running]
-        deadline = time.monotonic() + self.options.grace
+        timeout = self.options.evaluator_timeout
+        if evaluators:
+            log.info("training finished; waiting up to %g s (--evaluator-timeout) for %s to evaluate the last "
+                     "checkpoint", timeout, ", ".join(t.name for t in evaluators))
+        deadline = time.monotonic() + timeout
         while evaluators and time.monotonic() < deadline and not self._signals:
             for task in self._poll():
                 if task.role == EVALUATOR:
                     self._evaluator_exited(task)
             evaluators = [t for t in evaluators if t.running]
             time.sleep(_POLL_S)
+        if evaluators and not self._signals:
+            log.warning("%s did not finish within %g s of the end of training; stopping it: the last checkpoint may "
+                        "not be evaluated. Fix: pass a longer --evaluator-timeout",
+                        ", ".join(t.name for t in evaluators), timeout)
 
     def _evaluator_exited(self, task: _Task) -> None:
         if task.returncode == 0:

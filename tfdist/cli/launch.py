@@ -29,7 +29,7 @@ def register(subparsers) -> None:
         "launch",
         usage="tfdist launch --workers N [--ps M] [--chief] [--evaluator] [--max-restarts K]\n"
         "                     [--port-base P] [--host HOST] [--startup-timeout S] [--grace S]\n"
-        "                     [--finish-timeout S]\n"
+        "                     [--finish-timeout S] [--evaluator-timeout S]\n"
         "                     -- COMMAND [ARGS...]",
         help="run a command as every task of a local cluster (TF_CONFIG, free ports, restarts)",
         description="Starts the tasks of a cluster on this machine, each running COMMAND with its own "
@@ -65,6 +65,11 @@ def register(subparsers) -> None:
         "--finish-timeout", metavar="S", default="60",
         help="seconds the other training tasks have to exit after the chief (else worker 0) exited 0; one still "
         "running then is stopped, and that is a failure (default 60)",
+    )
+    parser.add_argument(
+        "--evaluator-timeout", metavar="S", default="600",
+        help="seconds the --evaluator has, after training finished, to evaluate the last checkpoint and exit; then "
+        "it is stopped (default 600)",
     )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
@@ -107,6 +112,7 @@ def options_from_args(args: argparse.Namespace):
         startup_timeout=_number("--startup-timeout", args.startup_timeout, float, "60"),
         grace=_number("--grace", args.grace, float, "30"),
         finish_timeout=_number("--finish-timeout", args.finish_timeout, float, "60"),
+        evaluator_timeout=_number("--evaluator-timeout", args.evaluator_timeout, float, "600"),
     )
 
 

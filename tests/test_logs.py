@@ -46,6 +46,17 @@ def test_a_root_handler_a_library_adds_during_a_call_neither_doubles_nor_hides_t
     assert capsys.readouterr().err == "tfdist: resuming from ckpt-40\n"
 
 
+def test_a_root_handler_a_library_adds_during_a_silent_call_does_not_silence_the_next(monkeypatch, capsys):
+    logger = _unconfigured(monkeypatch)
+    with _logs.shown(0):  # fit(verbose=0) first in a notebook: its first asynchronous save adds one
+        logging.warning("a library's own line")
+        assert logging.getLogger().handlers
+    capsys.readouterr()
+    with _logs.shown("auto"):  # then fit() again: its lines show
+        logger.info("resuming from ckpt-40")
+    assert capsys.readouterr().err == "tfdist: resuming from ckpt-40\n"
+
+
 def test_a_user_who_configured_logging_gets_the_lines_through_their_own_handlers_only(monkeypatch, capsys):
     logger = _unconfigured(monkeypatch)
     records = []

@@ -76,6 +76,18 @@ def test_nccl_on_a_machine_without_gpus_is_refused():
         strategy.make_strategy("mirrored", cluster=ClusterSpec(), all_reduce="nccl")
 
 
+@pytest.mark.parametrize("name, devices", [
+    ("mirrored", ["/cpu:0", "/cpu:63"]),  # a CPU split that did not happen (TensorFlow had started)
+    ("mirrored", ["/gpu:62", "/gpu:63"]),  # GPU names on a machine without them: NCCL chosen, then a crash
+    ("central_storage", ["/cpu:0", "/cpu:63"]),
+    ("one_device", ["/gpu:63"]),
+])
+def test_devices_this_machine_does_not_have_are_refused_before_training(name, devices):
+    with pytest.raises(StrategyError, match=r"device '/[cg]pu:6[23]' does not exist on this machine; received "
+                                            r"devices=.*Fix: .*tfdist.split_cpu\(2\)"):
+        strategy.make_strategy(name, cluster=ClusterSpec(), devices=devices)
+
+
 def test_one_device_is_made_once_and_reused():
     import tensorflow as tf
 

@@ -59,10 +59,13 @@ def shown(verbose: Any):
     call) and ``verbose`` is not 0. They go there only: a root handler that appears meanwhile (a
     library's module-level ``logging.warning`` call adds one) does not print them a second time."""
     logger, root = logging.getLogger(NAME), logging.getLogger()
-    if verbose == 0 or logger.handlers or [h for h in root.handlers if h not in _ADDED_BY_LIBRARIES]:
-        yield
-        return
     before = list(root.handlers)
+    if verbose == 0 or logger.handlers or [h for h in root.handlers if h not in _ADDED_BY_LIBRARIES]:
+        try:
+            yield
+        finally:  # a verbose=0 call too: its handlers must not silence the next call's lines
+            _ADDED_BY_LIBRARIES.update(h for h in root.handlers if h not in before)
+        return
     handler, level, propagate = _handler(), logger.level, logger.propagate
     logger.addHandler(handler)
     logger.propagate = False

@@ -288,7 +288,8 @@ def split_cpu(count: int) -> list[str]:
         except RuntimeError:
             raise StrategyError(
                 f"Cannot split the CPU into {count} devices: TensorFlow's runtime already started. "
-                "Fix: split it first thing in the program, before any TensorFlow op runs."
+                "Fix: split it first thing in the program, before any TensorFlow op runs (in a notebook: restart "
+                "the kernel, then run it first)."
             ) from None
     return [f"/cpu:{i}" for i in range(count)]
 
@@ -304,6 +305,31 @@ def _resolver(cluster: ClusterSpec):
     )
 
 
+def _check_devices_exist(devices: Sequence[str] | None) -> None:
+    """Raises StrategyError for a device of ``devices`` this machine does not have: TensorFlow
+    would place replicas on a missing CPU device silently, and fail on a missing GPU mid-step."""
+    import tensorflow as tf
+
+    if not devices:
+        return
+    present = {(d.device_type, int(d.name.rsplit(":", 1)[1])) for d in tf.config.list_logical_devices()}
+    for device in devices:
+        try:
+            spec = tf.DeviceSpec.from_string(device)
+        except ValueError:
+            spec = None
+        if spec is not None and spec.job is not None:  # another task's device: not this machine's to check
+            continue
+        if spec is None or spec.device_type is None or (spec.device_type.upper(), spec.device_index or 0) not in present:
+            names = ", ".join(sorted(f"/{kind.lower()}:{index}" for kind, index in present))
+            raise StrategyError(
+                f"device {device!r} does not exist on this machine; received devices={list(devices)!r}, and the "
+                f"devices here are {names}. Fix: name devices this machine has; for two CPU devices standing in for "
+                "GPUs, call tfdist.split_cpu(2) before any TensorFlow op runs (in a notebook: restart the kernel and "
+                "run it first; tfdist train: --cpu-devices 2)."
+            )
+
+
 def _one_device(cluster: ClusterSpec, options: StrategyOptions):
     import tensorflow as tf
 
@@ -312,6 +338,7 @@ def _one_device(cluster: ClusterSpec, options: StrategyOptions):
             f"one_device takes one device; received devices={list(options.devices)!r}. "
             "Fix: pass one device, or use strategy='mirrored'."
         )
+    _check_devices_exist(options.devices)
     device = options.devices[0] if options.devices else ("/gpu:0" if local_gpus() else "/cpu:0")
     return tf.distribute.OneDeviceStrategy(device)
 
@@ -319,6 +346,7 @@ def _one_device(cluster: ClusterSpec, options: StrategyOptions):
 def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
     import tensorflow as tf
 
+    _check_devices_exist(options.devices)
     devices = list(options.devices) if options.devices else None
     choice = all_reduce_for(MIRRORED, requested=options.all_reduce, devices=devices or _local_devices())
     log.info("all-reduce %s: %s", choice.name, choice.reason)
@@ -332,6 +360,7 @@ def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
 
     # By default the local GPUs, else every logical CPU (split_cpu), as MirroredStrategy picks
     # them; TensorFlow's own default for this strategy is the GPUs, else /cpu:0 alone.
+    _check_devices_exist(options.devices)
     devices = list(options.devices) if options.devices else _local_devices()
     return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
 

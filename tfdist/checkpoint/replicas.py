@@ -92,6 +92,8 @@ class ReplicaValues:
 
             strategy.run(assign)
 
+        for function in (gather, scatter):  # made once per fit: a kernel running several fits is no retracing loop
+            function._omit_frequent_tracing_warning = True  # (TensorFlow counts traces by the code, not the object)
         self._gather, self._scatter = gather, scatter
 
     @classmethod

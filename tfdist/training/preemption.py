@@ -60,6 +60,11 @@ def interrupted(step: int, *, saved: bool, complete: bool = False, elsewhere: bo
     return error
 
 
+def _at_once() -> KeyboardInterrupt:
+    return KeyboardInterrupt("interrupted by a second Ctrl-C (SIGINT): stopped at once, without saving the current "
+                             "step; running again resumes from the last checkpoint")
+
+
 class _SignalHandlers:
     """Signal handlers installed for a ``with`` block; the previous ones come back at its end."""
 
@@ -124,17 +129,21 @@ class PreemptionWatcher(_SignalHandlers):
         self._event.set()
 
     def _handle_interrupt(self, signum, frame):
-        signal.signal(INTERRUPT, self._previous.pop(INTERRUPT))  # a second Ctrl-C interrupts at once
-        if self._event.is_set():  # already stopping: Ctrl-C asks for it now
-            raise KeyboardInterrupt
+        # The handler stays until the block ends (no swap of handlers that a quick second Ctrl-C
+        # could run into), and the flag is set before anything else.
+        if self._event.is_set():  # already stopping (a first Ctrl-C, or a preemption): stop now
+            previous = self._previous.get(INTERRUPT)
+            if callable(previous) and previous is not signal.default_int_handler:
+                return previous(signum, frame)  # the handler the program had answers the second one
+            raise _at_once()
         self.signal_name = INTERRUPT_NAME
         self.received_at = time.monotonic()
+        self._event.set()
         if sys.stdout.isatty():  # end the progress bar's line, which Keras rewrites in place
             sys.stdout.write("\n")
             sys.stdout.flush()
         log.warning("Ctrl-C (SIGINT): saving at the end of the current step, then stopping; press Ctrl-C again to "
                     "stop at once (losing the steps since the last save)")
-        self._event.set()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

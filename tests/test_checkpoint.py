@@ -306,12 +306,32 @@ def test_a_background_save_that_fails_is_reported_even_when_it_is_the_last(tmp_p
         written(self, save_path)
 
     monkeypatch.setattr(Checkpointer, "_written", disk_full_at_the_end)
-    with pytest.raises(CheckpointIOError, match=r"writing a checkpoint to .* failed: OSError: .*No space left on device"):
+    with pytest.raises(CheckpointIOError, match=r"saving a checkpoint to .* failed: OSError: .*No space left on device"):
         _fit(tmp_path)
     assert layout.step_of(layout.checkpoint_paths(str(tmp_path))[-1]) == 27  # the failed save is not listed
     monkeypatch.undo()
     resumed = _fit(tmp_path)
     assert resumed.tfdist.start_step == 27 and resumed.tfdist.global_step == 30
+
+
+def test_a_metadata_file_that_cannot_be_written_fails_the_save_in_one_line(tmp_path, monkeypatch):
+    # The filesystem turns read-only (or fills up) between a save's tensors and its metadata.
+    from tfdist.checkpoint import layout
+    from tfdist.errors import CheckpointIOError
+
+    write_metadata = layout.write_metadata
+
+    def read_only_at_step_9(prefix, metadata):
+        if layout.step_of(prefix) == 9:
+            raise OSError(30, "Read-only file system", prefix + ".tfdist.json.tmp")
+        write_metadata(prefix, metadata)
+
+    monkeypatch.setattr(layout, "write_metadata", read_only_at_step_9)
+    with pytest.raises(CheckpointIOError, match=r"saving a checkpoint to .* failed: OSError: .*Read-only file system"
+                                                r".*Fix: check free space, permissions"):
+        _fit(tmp_path)
+    monkeypatch.undo()
+    assert _fit(tmp_path).tfdist.start_step == 6  # a checkpoint without its metadata is not resumed from
 
 
 def test_steps_per_execution_above_one_resumes_exactly(tmp_path):
@@ -397,13 +417,24 @@ def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_no
     assert _tree_digest(tmp_path) == before
 
 
+def _as_killed(directory) -> None:
+    """The record of the run that wrote ``directory`` as a killed run leaves it: not ended."""
+    from tfdist.checkpoint import layout
+
+    path = directory / layout.WRITER_FILE
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "ended_at": None}))
+
+
 def test_a_save_the_state_file_never_listed_is_made_again_in_its_place_not_kept_as_a_copy(tmp_path, caplog):
     from tfdist.checkpoint import layout
 
     reference = _fit(tmp_path / "reference", epochs=2)
     _fit(tmp_path, epochs=1)  # 15 steps: saves at 3, 6, 9, 12, (keep 3) and 15
-    # Killed after step 15's files were written, before the state file listed them (an async save in flight).
+    # Killed after step 15's files were written, before the state file listed them (an async save in flight):
+    # the state file lists up to 12, and the run's record as the directory's writer never says it ended.
     layout.write_state(str(tmp_path), [str(tmp_path / "ckpt-9"), str(tmp_path / "ckpt-12")])
+    _as_killed(tmp_path)
     with caplog.at_level("INFO", logger="tfdist"):
         resumed = _fit(tmp_path, epochs=2)
     assert resumed.tfdist.start_step == 12 and resumed.history == reference.history
@@ -542,6 +573,69 @@ def test_fewer_epochs_than_a_complete_run_trained_return_its_model_and_say_so(tm
             "ended. Fix: for a 1-epoch run, use another checkpoint_dir") in caplog.text
 
 
+def _bytes_of(directory) -> set:
+    """The digests of the checkpoints' index and data files, under whatever names they have now."""
+    return {digest for name, digest in _tree_digest(directory).items() if ".index" in name or ".data-" in name}
+
+
+def test_a_state_file_edited_to_name_an_earlier_checkpoint_rolls_the_run_back_to_it(tmp_path, caplog):
+    from tfdist.checkpoint import layout
+
+    done = _fit(tmp_path, epochs=2, keep=5)  # keeps 18, 21, 24, 27 and 30
+    before = _bytes_of(tmp_path)
+    state = tmp_path / layout.STATE_FILE
+    # An operator's roll-back: the first line names ckpt-21 (tf.train.latest_checkpoint's answer).
+    state.write_text(state.read_text().replace('model_checkpoint_path: "ckpt-30"', 'model_checkpoint_path: "ckpt-21"'))
+    assert [os.path.basename(p) for p in layout.checkpoint_paths(str(tmp_path))] == ["ckpt-18", "ckpt-21"]
+    with caplog.at_level("INFO", logger="tfdist"):
+        again = _fit(tmp_path, epochs=2, keep=5)
+    assert again.tfdist.start_step == 21 and again.tfdist.global_step == 30
+    assert "names ckpt-21 as its latest checkpoint, before ckpt-24, ckpt-27, ckpt-30: rolling the run back" in caplog.text
+    assert same_weights(again.model, done.model)  # deterministic: the same steps again
+    assert before <= _bytes_of(tmp_path)  # nothing deleted: the later checkpoints were moved aside, not saved over
+    assert len(glob.glob(str(tmp_path / "ckpt-30.*.replaced-*"))) >= 2
+
+
+def test_a_checkpoint_after_a_hand_written_state_file_is_moved_aside_when_the_last_run_ended_cleanly(tmp_path):
+    # One checkpoint past the listed ones looks like this run's own save that a kill cut short
+    # (which the next run saves over), unless the run that wrote it ended cleanly: then it is an
+    # operator's roll-back (the state file written to end at ckpt-27), and ckpt-30 is kept.
+    from tfdist.checkpoint import layout
+
+    _fit(tmp_path, epochs=2, keep=5)
+    layout.write_state(str(tmp_path), [str(tmp_path / f"ckpt-{step}") for step in (18, 21, 24, 27)])
+    again = _fit(tmp_path, epochs=2, keep=5)
+    assert again.tfdist.start_step == 27
+    assert len(glob.glob(str(tmp_path / "ckpt-30.*.replaced-*"))) >= 2
+
+
+def test_a_checkpoint_prefix_given_as_checkpoint_dir_is_refused_not_trained_into(tmp_path):
+    from tfdist.errors import CheckpointError
+
+    _fit(tmp_path, epochs=1)
+    before = _tree_digest(tmp_path)
+    with pytest.raises(CheckpointError, match=r"checkpoint_dir names a checkpoint, not a directory; received "
+                                              r"checkpoint_dir='.*/ckpt-12' \(ckpt-12.index is there\)\. Fix: pass "
+                                              r"its directory .*'Rolling back'"):
+        _fit(tmp_path / "ckpt-12", epochs=2)
+    assert _tree_digest(tmp_path) == before
+
+
+def test_the_latest_checkpoints_deleted_by_hand_leave_the_run_resuming_from_the_newest_one_left(tmp_path, caplog):
+    from tfdist.checkpoint import layout
+
+    done = _fit(tmp_path, epochs=2, keep=5)
+    for step in (27, 30):  # the operator removes the checkpoints after a divergence
+        for path in glob.glob(str(tmp_path / f"ckpt-{step}.*")):
+            os.remove(path)
+    with caplog.at_level("INFO", logger="tfdist"):
+        again = _fit(tmp_path, epochs=2, keep=5)
+    assert again.tfdist.start_step == 24 and again.tfdist.global_step == 30
+    assert "lists ckpt-27, ckpt-30, whose files are gone: it now lists the checkpoints up to ckpt-24" in caplog.text
+    assert same_weights(again.model, done.model)
+    assert [os.path.basename(p) for p in layout.checkpoint_paths(str(tmp_path))][-1] == "ckpt-30"
+
+
 def test_a_relative_checkpoint_dir_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _fit("relative", epochs=1)
@@ -581,7 +675,7 @@ def test_a_failing_background_write_is_raised_and_earlier_checkpoints_stay(tmp_p
         return real_sync(self)
 
     monkeypatch.setattr(tf.train.Checkpoint, "sync", failing_sync)
-    with pytest.raises(CheckpointError, match="No space left on device.*earlier checkpoints are intact"):
+    with pytest.raises(CheckpointError, match="No space left on device.*this save did not change the earlier checkpoints"):
         _fit(tmp_path, epochs=3)
     monkeypatch.setattr(tf.train.Checkpoint, "sync", real_sync)
     for name, digest in before.items():

@@ -46,7 +46,7 @@ class CheckpointError(TfdistError, RuntimeError):
 
 class CheckpointIOError(CheckpointError):
     """Writing or reading checkpoints failed (a full disk, a storage outage, corrupt files);
-    the earlier checkpoints are intact. A restart may succeed."""
+    a failed save leaves the earlier checkpoints as they were. A restart may succeed."""
 
     exit_code = EXIT_FAILED
 
@@ -87,7 +87,12 @@ def describe(error: BaseException, limit: int = 200) -> str:
     """``Type: first line of the message`` of an exception, for a one-line error (never empty),
     without TensorFlow's function-node prefix and op suffix, which would take the room of the reason."""
     lines = _TENSORFLOW_NOISE.sub("", str(error)).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__
+    if not lines:
+        return type(error).__name__
+    line = lines[0]
+    if len(line) > limit and not isinstance(error, TfdistError):  # tfdist's own keep their fix
+        line = line[:limit].rsplit(" ", 1)[0] + " ..."
+    return f"{type(error).__name__}: {line}"
 
 
 def install_launched_task_hook() -> None:

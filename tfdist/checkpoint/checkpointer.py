@@ -110,6 +110,18 @@ def refuse_to_start_over(directory: str, *, what: str = "resume=False") -> None:
         )
 
 
+def _refuse_a_checkpoint_prefix(directory: str) -> None:
+    """Raises CheckpointError if ``directory`` names a checkpoint (``DIR/ckpt-40``) rather than
+    the directory of the run: a fresh run would start there from step 0, without a word."""
+    if storage.exists(layout.index_path(directory)) and not storage.isdir(directory):
+        raise CheckpointError(
+            f"checkpoint_dir names a checkpoint, not a directory; received checkpoint_dir={directory!r} "
+            f"({storage.basename(directory)}.index is there). Fix: pass its directory "
+            f"({storage.dirname(directory)}); to resume from this checkpoint rather than the latest, name it in the "
+            "state file `checkpoint` there (see docs/ckpt.md, 'Rolling back')."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainingState:
     """What a checkpoint holds besides the progress counters, as the model's Keras adapter
@@ -122,6 +134,9 @@ class TrainingState:
       replica_state: distributed variables whose replicas hold their own values (e.g.
         BatchNormalization's moving statistics), metrics excluded; put back at restore.
       replica_metrics: the metrics' distributed variables; put back when the resumed epoch starts.
+      global_random_state: random state outside the model that its layers draw from (Keras 3's
+        global seed generator: ``keras.random`` calls without a seed), restored when the
+        checkpoint has it (a checkpoint of an earlier tfdist does not, and still resumes).
       one_replica_saved: the variables of ``replica_state`` as they are under any strategy (in
         its order), if a checkpoint saves each as one replica's value rather than as the
         aggregate (Keras 3's BatchNormalization statistics): a run that cannot put each
@@ -135,6 +150,7 @@ class TrainingState:
     replica_state: Sequence[Any] = ()
     replica_metrics: Sequence[Any] = ()
     one_replica_saved: Sequence[Any] = ()
+    global_random_state: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Checkpointer:
@@ -179,19 +195,30 @@ class Checkpointer:
         # the rest but restored on their own: a checkpoint without them (of another replica count,
         # or the callbacks changed) still resumes.
         extra = {group.name: group.module for group in self._replica_groups}
+        self._global_rng = None
+        if state.global_random_state:
+            self._global_rng = tf.Module(name=layout.RNG_GLOBAL)
+            for key, variable in state.global_random_state.items():
+                setattr(self._global_rng, f"g_{key}", variable)
+            extra[layout.RNG_GLOBAL] = self._global_rng
         self._callback_arrays = callback_arrays
         self.callback_arrays_restored = False
         self.root = tf.train.Checkpoint(**children, **extra,
                                         **({layout.CALLBACKS: callback_arrays} if callback_arrays else {}))
         self._restore_root = tf.train.Checkpoint(**children)
         self._metrics_root = tf.train.Checkpoint(**{layout.METRICS: self._metrics})
+        _refuse_a_checkpoint_prefix(options.directory)
         if not options.resume:  # every worker, so that none waits in a collective for a chief that refused
             refuse_to_start_over(options.directory)
         self._created_at = time.time()  # what the checkpoint directory holds from before is not this run's writing
+        self._rolled_back = False  # the state file named an earlier checkpoint than the last it listed
         if is_chief:
             self.directory = options.directory
             storage.check_writable(self.directory)
             self._set_aside_unreadable_state()
+            if options.resume:
+                self._roll_back()
+                self._forget_missing()
         else:  # tf.distribute: non-chief workers save too, to a local place that is thrown away
             self.directory = storage.task_scratch_dir(purpose="ckpt", task_name=task_name,
                                                       key=storage.absolute(options.directory))
@@ -262,10 +289,7 @@ class Checkpointer:
         if isinstance(failure, CheckpointTakenOverError):  # raised by _written in the writer thread
             raise failure
         if failure is not None:
-            raise CheckpointIOError(
-                f"writing a checkpoint to {self.options.directory!r} failed: {describe(failure)}. "
-                "Fix: check free space and permissions; the earlier checkpoints are intact."
-            ) from failure
+            raise _save_failed(self.options.directory, failure) from failure
 
     def save(self, *, global_step: int, epoch: int, step_in_epoch: int, history: list[dict], complete: bool = False,
              callbacks: Mapping[str, Any] | None = None) -> str | None:
@@ -292,12 +316,12 @@ class Checkpointer:
             raise
         except Exception as e:
             self._in_flight = None
-            raise CheckpointIOError(
-                f"saving a checkpoint to {self.directory!r} failed: {type(e).__name__}: {e}. "
-                "Fix: check free space and permissions; the earlier checkpoints are intact."
-            ) from e
+            raise _save_failed(self.directory, e) from e
         if self.is_chief:
-            layout.write_metadata(path, metadata)
+            try:
+                layout.write_metadata(path, metadata)
+            except OSError as e:  # e.g. the filesystem turned read-only, or filled up, meanwhile
+                raise _save_failed(self.directory, e) from e
             self._remove_orphan_metadata(keep=path)
         self.last_save_time = time.monotonic()
         self.last_saved_step = global_step
@@ -314,10 +338,13 @@ class Checkpointer:
         prefix = layout.prefix_for(self.directory, self.last_saved_step)
         saved = layout.read_metadata(prefix)
         if saved is not None:
-            layout.write_metadata(prefix, layout.Metadata.of(
-                self.run_metadata, global_step=saved.global_step, epoch=saved.epoch,
-                step_in_epoch=saved.step_in_epoch, complete=True, history=history, callbacks=saved.callbacks,
-            ))
+            try:
+                layout.write_metadata(prefix, layout.Metadata.of(
+                    self.run_metadata, global_step=saved.global_step, epoch=saved.epoch,
+                    step_in_epoch=saved.step_in_epoch, complete=True, history=history, callbacks=saved.callbacks,
+                ))
+            except OSError as e:
+                raise _save_failed(self.directory, e) from e
 
     def _check_writer(self, step: int) -> None:
         """The chief stops before writing ``step`` if another run has claimed the directory since it did."""
@@ -363,7 +390,10 @@ class Checkpointer:
         checkpoints is set aside instead. None if there is none."""
         listed = layout.checkpoint_paths(self.directory, listed_only=True)
         steps = [layout.step_of(p) for p in listed]
-        if not steps or None in steps:
+        if not steps or None in steps or self._rolled_back:
+            return None
+        writer = ownership.current(self.directory)
+        if writer is not None and writer.ended_at is not None:  # the last run ended: no save of it was cut short
             return None
         later = [p for p in layout.found_checkpoints(self.directory) if (layout.step_of(p) or 0) > max(steps)]
         if len(later) != 1:  # one save is in flight at a time: a kill leaves one
@@ -372,6 +402,44 @@ class Checkpointer:
         if saved is None or self.run_metadata.differences(saved) or self.run_metadata.keras_difference(saved):
             return None
         return later[0]
+
+    def _roll_back(self) -> None:
+        """A state file edited so that ``model_checkpoint_path`` names an earlier checkpoint than
+        the last of its list rolls the run back to it: the state file is written again to list the
+        checkpoints up to that one (as TensorFlow's manager would have), before the manager reads it,
+        so that its retention never deletes the later ones; they stay on disk, and a save of one of
+        their steps moves the old files aside (``*.replaced-<stamp>``)."""
+        later = layout.rolled_back(self.directory)
+        self._rolled_back = bool(later)
+        if not later:
+            return
+        paths = layout.checkpoint_paths(self.directory, listed_only=True)
+        log.warning("the state file of %s names %s as its latest checkpoint, before %s: rolling the run back to it. "
+                    "The later checkpoints stay on disk, unlisted; a save of one of their steps moves it aside "
+                    "(*.replaced-<time>)", self.directory, storage.basename(paths[-1]),
+                    ", ".join(storage.basename(p) for p in later))
+        layout.write_state(self.directory, paths)
+
+    def _forget_missing(self) -> None:
+        """A state file that lists checkpoints whose files are gone (deleted by hand, e.g. to roll
+        back) is written again without them, before the manager reads it: resume goes on from the
+        newest listed one still there, as from a corrupt one. Listing none still there, it is
+        moved aside, and the checkpoints found beside it are what resume reads."""
+        listed = layout.checkpoint_paths(self.directory, listed_only=True)
+        present = _present(listed)
+        if len(present) == len(listed):
+            return
+        gone = ", ".join(storage.basename(p) for p in listed if p not in present)
+        if present:
+            log.warning("the state file of %s lists %s, whose files are gone: it now lists the checkpoints up to %s",
+                        self.directory, gone, storage.basename(present[-1]))
+            layout.write_state(self.directory, present)
+            return
+        state = layout.state_path(self.directory)
+        aside = layout.replaced_name(state, time.strftime("%Y%m%d-%H%M%S"))
+        storage.rename(state, aside)
+        log.warning("the state file of %s lists only checkpoints whose files are gone (%s): kept as %s",
+                    self.directory, gone, storage.basename(aside))
 
     def _set_aside_unreadable_state(self) -> None:
         """Moves aside a state file that names no checkpoint (emptied, damaged, written over),
@@ -464,10 +532,18 @@ class Checkpointer:
         """Restores the newest good checkpoint; a corrupt one is skipped with a warning."""
         self.sync()
         listed = layout.checkpoint_paths(self.options.directory, listed_only=True) if self.options.resume else []
+        listed = _present(listed)  # a listed checkpoint deleted by hand is not there to resume from
         paths = listed or (layout.found_checkpoints(self.options.directory) if self.options.resume else [])
         if paths and not listed:
             log.warning("%s has no readable state file `checkpoint`: resuming from the checkpoints found beside it "
                         "(newest %s)", self.options.directory, storage.basename(paths[-1]))
+        described = [p for p in paths if storage.exists(layout.metadata_path(p))]
+        if described and described[-1] != paths[-1]:  # tfdist's, whose save failed before its metadata was written
+            log.warning("%s has no tfdist metadata, unlike %s before it (its save failed before writing it): resuming "
+                        "from the newest checkpoint with metadata", ", ".join(
+                            storage.basename(p) for p in paths[paths.index(described[-1]) + 1:]),
+                        storage.basename(described[-1]))
+            paths = paths[:paths.index(described[-1]) + 1]
         if paths:  # the newest checkpoint decides which run the directory belongs to
             self._check_compatible(paths[-1], layout.read_metadata(paths[-1]))
         if self.is_chief:  # this run's directory: what killed writes left can go
@@ -507,6 +583,7 @@ class Checkpointer:
                 continue
             self._restore_replica_state(path, metadata)
             self._restore_callback_arrays(path)
+            self._restore_global_rng(path)
             if self.is_chief and not listed:  # the directory names its latest checkpoint again (the others stay
                 layout.write_state(self.directory, [path])  # unlisted, so that no retention deletes them)
             point = ResumePoint(path=path, global_step=self.counters.global_step, metadata=metadata)
@@ -540,6 +617,13 @@ class Checkpointer:
             log.debug("the callbacks' arrays were not restored from %s: %s", path, describe(e))
             return
         self.callback_arrays_restored = True
+
+    def _restore_global_rng(self, path: str) -> None:
+        """Restores ``global_random_state`` if the checkpoint has it."""
+        import tensorflow as tf
+
+        if self._global_rng is not None:
+            tf.train.Checkpoint(**{layout.RNG_GLOBAL: self._global_rng}).restore(path).expect_partial()
 
     @property
     def _replica_groups(self) -> list[ReplicaValues]:
@@ -608,3 +692,15 @@ def _end_async_writer(root) -> None:
     if getattr(helper, "_async_save_thread", None) is not None:
         join()  # the last save was waited for by sync(): this only ends the idle thread
     root._async_checkpointer_impl = None
+
+
+def _save_failed(directory: str, error: BaseException) -> CheckpointIOError:
+    return CheckpointIOError(
+        f"saving a checkpoint to {directory!r} failed: {describe(error, limit=300)}. Fix: check free space, "
+        "permissions and that the directory is still there; this save did not change the earlier checkpoints."
+    )
+
+
+def _present(paths: list[str]) -> list[str]:
+    """The checkpoints of ``paths`` whose index file is there."""
+    return [path for path in paths if storage.exists(layout.index_path(path))]

@@ -41,6 +41,7 @@ FORMAT = 1
 MODEL, OPTIMIZER, PROGRESS, RNG, METRICS = "model", "optimizer", "progress", "rng", "metrics"
 REPLICA_STATE, REPLICA_METRICS = "replica_state", "replica_metrics"
 CALLBACKS = "callbacks"
+RNG_GLOBAL = "rng_global"  # Keras' global seed generator (saved since 2026-11-27; restored when there)
 COUNTERS = ("global_step", "epoch", "step_in_epoch")
 VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 SERIALIZED_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -197,13 +198,8 @@ def reader(prefix: str):
 
 
 # --- the state file --------------------------------------------------------------------------
-def checkpoint_paths(directory: str, *, listed_only: bool = False) -> list[str]:
-    """The complete checkpoints of ``directory``, oldest first, as its state file names them
-    (read as text: listing needs no TensorFlow for a local directory).
-
-    Without a state file that names one (deleted, emptied, damaged, written over), the
-    checkpoints found beside it (:func:`found_checkpoints`), so that a run never starts over
-    on top of its own checkpoints; ``listed_only``: [] then."""
+def _read_state(directory: str) -> tuple[str | None, list[str]]:
+    """(``model_checkpoint_path``, ``all_model_checkpoint_paths``) of the state file, as paths."""
     try:
         lines = storage.read_text(state_path(directory)).splitlines()
     except (OSError, UnicodeDecodeError):
@@ -218,8 +214,31 @@ def checkpoint_paths(directory: str, *, listed_only: bool = False) -> list[str]:
                 latest = path
             else:
                 paths.append(path)
+    return latest, paths
+
+
+def checkpoint_paths(directory: str, *, listed_only: bool = False) -> list[str]:
+    """The complete checkpoints of ``directory``, oldest first, as its state file names them
+    (read as text: listing needs no TensorFlow for a local directory). The last is the one
+    ``model_checkpoint_path`` names: a state file edited to name an earlier one of its list
+    (a roll-back, see :func:`rolled_back`) lists the checkpoints up to that one.
+
+    Without a state file that names one (deleted, emptied, damaged, written over), the
+    checkpoints found beside it (:func:`found_checkpoints`), so that a run never starts over
+    on top of its own checkpoints; ``listed_only``: [] then."""
+    latest, paths = _read_state(directory)
+    if latest in paths:
+        paths = paths[:paths.index(latest) + 1]
     listed = paths or ([latest] if latest else [])
     return listed if listed or listed_only else found_checkpoints(directory)
+
+
+def rolled_back(directory: str) -> list[str]:
+    """The checkpoints the state file lists after the one its ``model_checkpoint_path`` names:
+    TensorFlow's manager always names the last one there, so a state file that names an earlier
+    one was edited to roll the run back to it. [] if it was not."""
+    latest, paths = _read_state(directory)
+    return paths[paths.index(latest) + 1:] if latest in paths else []
 
 
 def write_state(directory: str, paths: list[str]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -300,6 +302,37 @@ def test_a_model_file_saved_without_compile_predicts_and_evaluate_says_how_to_co
     last = err.strip().splitlines()[-1]
     assert "Traceback" not in err and "is not compiled" in last and "save the model compiled" in last
     assert last.startswith("tfdist: error: ") and "builder" not in last
+
+
+def test_a_model_file_with_custom_classes_is_loaded_after_import_module_and_refused_in_one_line_without(
+        tmp_path, monkeypatch, procs):
+    import importlib
+
+    import keras
+
+    (tmp_path / "tfdist_test_layers.py").write_text(textwrap.dedent("""
+        import keras
+
+        @keras.saving.register_keras_serializable(package="tfdist_test")
+        class Doubled(keras.layers.Layer):
+            def call(self, x):
+                return x * 2.0
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    layers = importlib.import_module("tfdist_test_layers")
+    model = keras.Sequential([keras.Input((4,)), layers.Doubled(), keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.save(tmp_path / "custom.keras")
+    np.savez(tmp_path / "xy.npz", x=np.ones((6, 4), np.float32), y=np.zeros(6, np.int64))
+    common = ["evaluate", "custom.keras", "--data", "xy.npz", "--verbose", "0"]
+    code, out = procs.tfdist(*common, cwd=tmp_path, timeout=120)  # a fresh process: the class is not registered
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    assert ("uses 'Doubled', a class or function that is not loaded. Fix: import the module that defines "
+            "and registers it") in out and "--import MODULE" in out, out[-3000:]
+    code, out = procs.tfdist(*common, "--import", "tfdist_test_layers", cwd=tmp_path, timeout=120)
+    assert code == 0 and "tfdist evaluate: loss" in out, out[-3000:]
+    code, out = procs.tfdist(*common, "--import", "no_such_module", cwd=tmp_path, timeout=120)
+    assert code == 2 and "--import cannot import 'no_such_module'" in out and "Traceback" not in out, out[-3000:]
 
 
 def test_predict_writes_a_model_with_two_outputs_as_one_array_each_in_an_npz(tmp_path, capsys):

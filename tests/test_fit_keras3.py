@@ -14,7 +14,7 @@ import pytest
 import tfdist
 from tfdist.errors import ModelError
 
-from conftest import script_result
+from conftest import Crash, crash_after, same_weights, script_result
 
 _RNG = np.random.RandomState(3)
 X = _RNG.rand(256, 6).astype(np.float32)
@@ -41,6 +41,31 @@ def _fit(**kwargs):
     options.update(kwargs)
     model = options.pop("model", _model)
     return tfdist.fit(model, options.pop("data", (X, Y)), **options)
+
+
+def test_a_layer_drawing_keras_random_numbers_without_a_seed_resumes_bit_identical():
+    # keras.random.normal(shape) without a seed draws from Keras' global seed generator, which
+    # tf.train.Checkpoint(model=...) does not save: a resumed run would draw other numbers.
+    import keras
+
+    class Noise(keras.layers.Layer):
+        def call(self, x, training=False):
+            return x + keras.random.normal(keras.ops.shape(x), stddev=0.1) if training else x
+
+    def noisy():
+        model = keras.Sequential([keras.Input((6,)), Noise(), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    import tempfile
+
+    reference = _fit(model=noisy)
+    directory = tempfile.mkdtemp()
+    with pytest.raises(Crash):
+        _fit(model=noisy, checkpoint_dir=directory, save_every_steps=4, callbacks=[crash_after(11)])
+    resumed = _fit(model=noisy, checkpoint_dir=directory, save_every_steps=4)
+    assert resumed.tfdist.start_step == 8 and same_weights(resumed.model, reference.model)
 
 
 def test_a_keras_3_model_trains_and_the_users_callbacks_see_what_model_fit_gives_them(tmp_path):

@@ -14,6 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, data_help: str) -> tuple[A
     command's own arguments."""
     parser.add_argument("model", metavar="MODEL", help="the model file (.keras), on any TensorFlow filesystem, "
                         "e.g. runs/tfdist/model.keras")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE before loading the model: the module that defines and registers its "
+                        "custom layers, losses or metrics (on PYTHONPATH or in the current directory; repeatable)")
     data = parser.add_argument_group("data")
     data.add_argument("--data", default="digits", metavar="DATA", nargs="+", help=data_help)
     data.add_argument("--features", default=None, metavar="SPEC",
@@ -51,11 +54,30 @@ def load(args: argparse.Namespace, *, outputs: dict[str, str | None]) -> tuple[A
     from tfdist.startup import serve
 
     devices = strategy_mod.split_cpu(args.cpu_devices) if args.cpu_devices else None
+    _import_modules(args.imports)
     if not strategy_mod.trains_here(args.strategy, cluster):  # a parameter-server job's workers and ps
         serve(cluster)
         return None
     strategy = strategy_mod.make_strategy(args.strategy, cluster=cluster, devices=devices)
     return cluster, strategy, export.load_model(args.model, strategy=strategy, what="MODEL")
+
+
+def _import_modules(names: list[str]) -> None:
+    """Imports the ``--import`` modules (custom Keras classes register themselves on import)."""
+    import importlib
+    import os
+    import sys
+
+    from tfdist.errors import ModelError
+
+    if names and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would find it
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ModelError(f"--import cannot import {name!r}: {e}. Fix: name a module on PYTHONPATH or in the "
+                             "current directory, e.g. --import my_layers for ./my_layers.py.") from None
 
 
 def read_data(args: argparse.Namespace, model: Any, load: Any) -> Any:

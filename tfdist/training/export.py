@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 
@@ -106,6 +107,18 @@ def _load_local(local: str, path: str, strategy):
     except ModelError as e:
         raise ModelError(f"{path!r} is {e}") from None
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        model = keras.models.load_model(local)
+        try:
+            model = keras.models.load_model(local)
+        except (TypeError, ValueError) as e:
+            missing = re.search(r"(?:Could not locate|Unknown) (?:class|function|layer|loss|metric)[^']*'([^']+)'",
+                                str(e))
+            if missing is None:
+                raise
+            raise ModelError(
+                f"{path!r} uses {missing.group(1)!r}, a class or function that is not loaded. Fix: import the module "
+                "that defines "
+                "and registers it (@keras.saving.register_keras_serializable) first: --import MODULE on the command "
+                "line (a module on PYTHONPATH or in the current directory), or import it before tfdist.load_model."
+            ) from None
     log.info("model %s loaded from %s (%s)", model.name, path, keras.__name__)
     return model

@@ -304,6 +304,24 @@ def random_state(model) -> dict[str, Any]:
     return {f"seed{i}": v for i, v in enumerate(v for v in model.variables if id(v) not in weights)}
 
 
+def global_seed_state(strategy):
+    """The state variable of Keras' global seed generator, which ``keras.random`` calls without a
+    seed draw from (a user's layer: ``keras.random.normal(shape)``), made now in ``strategy``'s
+    scope if no layer made it yet: ``tf.train.Checkpoint(model=model)`` does not save it, so a
+    resumed run would draw other numbers. Making it leaves Python's ``random`` as it was (a
+    generator without a seed draws its seed from there)."""
+    import random
+
+    from keras.src.random.seed_generator import global_seed_generator
+
+    before = random.getstate()
+    try:
+        with strategy.scope():
+            return global_seed_generator().state.value
+    finally:
+        random.setstate(before)
+
+
 def replica_local_variables(model, strategy) -> list:
     """The variables whose replicas may hold different values, as Keras variables.
 
@@ -476,6 +494,7 @@ class Keras3:
             # What replica_state is under any strategy (each replica's non-trainable variables:
             # a checkpoint keeps the first replica's value of a MirroredVariable).
             one_replica_saved=[v.value for v in model.non_trainable_variables if id(v) not in metric_ids],
+            global_random_state={"keras": global_seed_state(self.strategy)},
         )
 
     def fingerprint(self, model) -> str:

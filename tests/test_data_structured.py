@@ -257,3 +257,36 @@ def test_a_list_of_inputs_of_different_shapes_trains_as_keras_reads_it(keras_nam
     assert as_list.history["loss"][-1] < as_list.history["loss"][0]
     outputs = tfdist.predict(as_list.model, [xa, xb], verbose=0)
     np.testing.assert_allclose(outputs, as_list.model.predict([xa, xb], verbose=0), atol=1e-5)
+
+
+def _sequences():
+    """Variable-length token sequences (text), unbatched: elements of shape (None,)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(2, 12, size=96)
+    tokens = [rng.integers(1, 50, size=n).astype(np.int32) for n in lengths]
+    labels = (lengths > 6).astype(np.int64)
+    return tf.data.Dataset.from_generator(lambda: zip(tokens, labels), output_signature=(
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int64))).apply(tf.data.experimental.assert_cardinality(96))
+
+
+def test_variable_length_sequences_from_a_dataset_are_padded_per_batch_and_resume_bit_identically(tmp_path):
+    import keras
+
+    def build():
+        model = keras.Sequential([keras.Input((None,), dtype="int32"), keras.layers.Embedding(50, 8, mask_zero=True),
+                                  keras.layers.GRU(8), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    options = dict(epochs=2, batch_size=16, seed=0, deterministic=True, strategy="one_device", verbose=0,
+                   validation_data=_sequences(), save_every_steps=4)
+    reference = tfdist.fit(build, _sequences(), checkpoint_dir=str(tmp_path / "ref"), **options)
+    with pytest.raises(Crash):
+        tfdist.fit(build, _sequences(), checkpoint_dir=str(tmp_path / "int"), callbacks=[crash_after(9)], **options)
+    resumed = tfdist.fit(build, _sequences(), checkpoint_dir=str(tmp_path / "int"), **options)
+    assert resumed.tfdist.start_step == 8 and resumed.history == reference.history
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+    with pytest.raises(DataError, match=r"the dataset looks batched .*Fix: .*\.padded_batch\(\), or call \.unbatch"):
+        tfdist.fit(build, _sequences().padded_batch(16), epochs=1, verbose=0)

@@ -283,11 +283,11 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
             return stream.shuffle(source.shuffle_buffer, seed=seed + number, reshuffle_each_iteration=False)
 
         if plan.continuous:
-            return _read_on(one_pass, source.num_examples, sizes.global_batch_size, first_step=first_step,
+            return _read_on(one_pass, source, sizes.global_batch_size, first_step=first_step,
                             stop_step=stop, stride=step_stride).map(cut).unbatch()
 
         def epoch_dataset(epoch: int):
-            batches = one_pass(epoch).repeat().batch(sizes.global_batch_size, drop_remainder=True).take(spe)
+            batches = source.batch(one_pass(epoch).repeat(), sizes.global_batch_size, drop_remainder=True).take(spe)
             begin = max(first_step, epoch * spe)
             begin += (first_step - begin) % step_stride
             end = (epoch + 1) * spe if stop is None else min((epoch + 1) * spe, stop)
@@ -308,7 +308,7 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
     return make
 
 
-def _read_on(one_pass, num_examples: int | None, global_batch: int, *, first_step: int, stop_step: int | None,
+def _read_on(one_pass, source: StreamSource, global_batch: int, *, first_step: int, stop_step: int | None,
              stride: int) -> "tf.data.Dataset":
     """The global batches of steps ``first_step``, ``+ stride``, ... (to ``stop_step``) of the
     stream's passes read one after another: step ``s`` holds elements ``[s x G, (s + 1) x G)``.
@@ -316,10 +316,11 @@ def _read_on(one_pass, num_examples: int | None, global_batch: int, *, first_ste
     to them; another one skips from its start (O(position): the documented cost of a stream)."""
     import tensorflow as tf
 
+    num_examples = source.num_examples
     before = first_step * global_batch
     first_pass = before // num_examples if num_examples else 0
     passes = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass)
-    batches = passes.skip(before - first_pass * (num_examples or 0)).batch(global_batch, drop_remainder=True)
+    batches = source.batch(passes.skip(before - first_pass * (num_examples or 0)), global_batch, drop_remainder=True)
     if stop_step is not None:
         batches = batches.take(max(0, stop_step - first_step))
     return batches.shard(stride, 0)
@@ -346,7 +347,7 @@ def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) 
         # Its length, known from the file index: Keras 3's evaluate warns "ran out of data" without it.
         ds = ds.apply(tf.data.experimental.assert_cardinality(-(-source.num_records // batch_size)))
     else:
-        ds = source.dataset.batch(batch_size)
+        ds = source.batch(source.dataset, batch_size)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -44,12 +44,16 @@ class StreamSource:
                 f"a tf.data.Dataset for tfdist must yield (x, y) or (x, y, sample_weight) tuples; received elements of "
                 f"spec {spec}. Fix: map it to (features, label) tuples, unbatched."
             )
-        first = tf.nest.flatten(spec[0])[0]
-        if first.shape.rank is not None and first.shape.rank > 0 and first.shape[0] is None:
+        components = tf.nest.flatten(spec)
+        if all(c.shape.rank is not None and c.shape.rank > 0 and c.shape[0] is None for c in components):
+            first = components[0]
             raise DataError(
-                f"the dataset looks batched (x has shape {first.shape}); tfdist batches it itself. "
-                "Fix: pass the dataset before .batch(), or call .unbatch() on it."
+                f"the dataset looks batched (x has shape {first.shape}, and every other part a first dimension of "
+                "unknown size too); tfdist batches it itself. Fix: pass the dataset before .batch() or "
+                ".padded_batch(), or call .unbatch() on it."
             )
+        # Elements of other shapes from one to the next (variable-length sequences): padded batches.
+        self._padded = any(c.shape.rank is None or None in c.shape.as_list() for c in components)
         self.dataset = dataset
         self.name = "tf.data.Dataset"
         self.shuffle_buffer = shuffle_buffer
@@ -61,6 +65,14 @@ class StreamSource:
     @property
     def num_examples(self) -> int | None:
         return self._num_examples
+
+    def batch(self, dataset: "tf.data.Dataset", size: int, *, drop_remainder: bool = False) -> "tf.data.Dataset":
+        """``dataset`` (of this source's elements) in batches of ``size``; elements whose shapes vary
+        (variable-length sequences) are padded with zeros to the longest of their batch, as
+        ``padded_batch`` does."""
+        if self._padded:
+            return dataset.padded_batch(size, drop_remainder=drop_remainder)
+        return dataset.batch(size, drop_remainder=drop_remainder)
 
     @property
     def example_shape(self) -> Any:
@@ -102,8 +114,9 @@ class StreamSource:
                 "Fix: pass steps_per_epoch."
             )
         log.info("counting the batches of the dataset (its length is unknown): a full pass; pass steps_per_epoch to skip it")
-        return int(self.dataset.batch(global_batch, drop_remainder=True).reduce(np.int64(0), lambda n, _: n + 1))
+        return int(self.dataset.map(lambda *_: 0).batch(global_batch, drop_remainder=True)
+                   .reduce(np.int64(0), lambda n, _: n + 1))
 
     def sample(self, count: int) -> tuple:
         """The first ``count`` examples, batched: ``(x, y)`` or ``(x, y, sample_weight)``."""
-        return next(iter(self.dataset.batch(count).take(1).as_numpy_iterator()))
+        return next(iter(self.batch(self.dataset, count).take(1).as_numpy_iterator()))

@@ -68,6 +68,31 @@ def test_a_layer_drawing_keras_random_numbers_without_a_seed_resumes_bit_identic
     assert resumed.tfdist.start_step == 8 and same_weights(resumed.model, reference.model)
 
 
+def test_a_compiled_subclassed_model_built_with_build_shape_is_trained_and_given_the_weights():
+    # model.build(shape) marks a Keras 3 subclass built without making its layers' weights.
+    import keras
+
+    class Net(keras.Model):
+        def __init__(self, units=3, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.hidden, self.out = keras.layers.Dense(8, activation="relu"), keras.layers.Dense(units)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+        def get_config(self):
+            return {**super().get_config(), "units": self.units}
+
+    model = Net()
+    model.build((None, 6))
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = _fit(model=model, epochs=1)
+    assert history.tfdist.global_step == 8 and len(model.weights) == 4
+    assert np.isfinite(history.history["loss"][0])
+    np.testing.assert_array_equal(model.predict(X[:4], verbose=0), history.model.predict(X[:4], verbose=0))
+
+
 def test_a_keras_3_model_trains_and_the_users_callbacks_see_what_model_fit_gives_them(tmp_path):
     import keras
 
@@ -239,6 +264,17 @@ def test_refusals_name_the_problem_and_the_fix(monkeypatch):
 
     with pytest.raises(ModelError, match="holds tf_keras layers.*Fix: build every layer with Keras 3"):
         _fit(model=build_mixed, epochs=1)
+
+    def ema_written_every(n):
+        model = _model(dropout=False)
+        model.compile(keras.optimizers.Adam(0.01, use_ema=True, ema_overwrite_frequency=n),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    with pytest.raises(ModelError, match=r"under mirrored .*received Adam\(use_ema=True, ema_overwrite_frequency=2\)\. "
+                                         r"Fix: pass ema_overwrite_frequency=None"):
+        _fit(model=lambda: ema_written_every(2), strategy="mirrored", epochs=1)
+    assert _fit(model=lambda: ema_written_every(2), epochs=1).tfdist.global_step == 8  # one device: Keras can
     monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
     with pytest.raises(ModelError, match="KERAS_BACKEND='jax'.*Fix: set KERAS_BACKEND=tensorflow"):
         _fit(epochs=1)

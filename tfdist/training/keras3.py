@@ -64,6 +64,26 @@ def check_model(model: Any, *, use: str = "fit") -> None:
         )
 
 
+def check_ema_overwrite(optimizer, strategy) -> None:
+    """Refuses an optimizer that writes its moving averages into the model every N steps
+    (``use_ema=True, ema_overwrite_frequency=N``) under a strategy with several replicas or
+    central storage: Keras does it in a ``tf.cond`` that calls ``merge_call``, which fails at the
+    first step (in Keras' own ``fit`` too)."""
+    from tfdist import strategy as strategy_mod
+
+    name = strategy_mod.name_of(strategy)
+    if name in (strategy_mod.ONE_DEVICE, strategy_mod.PARAMETER_SERVER):
+        return
+    frequency = getattr(optimizer, "ema_overwrite_frequency", None)
+    if getattr(optimizer, "use_ema", False) and frequency:
+        raise ModelError(
+            f"Keras 3 cannot write the optimizer's moving averages into the model every few steps under {name} (in "
+            f"its own fit too: merge_call inside a cond); received {type(optimizer).__name__}(use_ema=True, "
+            f"ema_overwrite_frequency={frequency}). Fix: pass ema_overwrite_frequency=None (the averages are then "
+            "written at the end of training), or train on one device."
+        )
+
+
 def _tf_keras_attributes(model):
     """(attribute, value) of the model and its layers that are tf_keras objects.
 
@@ -152,7 +172,10 @@ def rebuild_in_scope(model, strategy):
                 clone = keras.models.clone_model(model)
             finally:
                 model.compiled = True
-            clone.set_weights(model.get_weights())
+            if model.weights:  # none yet: a subclass that model.build(shape) marked built without making them
+                if len(clone.weights) != len(model.weights) and model.get_build_config():
+                    clone.build_from_config(model.get_build_config())  # a subclass from_config() leaves unbuilt
+                clone.set_weights(model.get_weights())
             clone.compile(**_compile_arguments(model))
             carry_weight_decay_exclusions(model.optimizer, clone.optimizer, model.weights, clone.weights)
     except (TypeError, ValueError, NotImplementedError) as e:
@@ -464,6 +487,8 @@ class Keras3:
 
     def check(self, model, *, use: str = "fit") -> None:
         check_model(model, use=use)
+        if use == "fit":
+            check_ema_overwrite(model.optimizer, self.strategy)
 
     def in_scope(self, model):
         return model if built_in(model, self.strategy) else rebuild_in_scope(model, self.strategy)

@@ -152,6 +152,8 @@ def copy_back(trained: Any, original: Any) -> None:
     ``model.fit`` would have left them."""
     import numpy as np
 
+    if len(original.weights) != len(trained.weights):
+        _make_weights(original)
     original.set_weights(trained.get_weights())
     optimizer = original.optimizer
     theirs = _optimizer_variables(optimizer)
@@ -166,6 +168,16 @@ def copy_back(trained: Any, original: Any) -> None:
         return
     for target, source in zip(theirs, ours):
         target.assign(np.asarray(source.numpy() if hasattr(source, "numpy") else source))
+
+
+def _make_weights(model: Any) -> None:
+    """Calls once, on zeros of its input shape, a model that ``model.build(shape)`` marked built
+    without making its weights (a Keras 3 subclass): that makes them."""
+    import numpy as np
+
+    shape = (model.get_build_config() or {}).get("input_shape") if hasattr(model, "get_build_config") else None
+    if isinstance(shape, (tuple, list)) and all(d is None or isinstance(d, int) for d in shape):
+        model(np.zeros([1 if d is None else d for d in shape], np.float32))
 
 
 def _optimizer_variables(optimizer: Any) -> list:

@@ -319,6 +319,23 @@ def test_verify_checks_the_metadata_file_and_its_step(copy, capsys):
     assert "global_step=9" in results[2]["problem"] and "8" in results[2]["problem"]
 
 
+def test_checkpoints_of_a_plain_checkpoint_manager_are_listed_and_verified_without_problems(tmp_path, capsys):
+    import tensorflow as tf
+
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable([1.0, 2.0])), str(tmp_path), max_to_keep=3)
+    for _ in range(2):
+        manager.save()
+    code, entries = cli_json(capsys, "list", str(tmp_path))
+    assert code == 0 and [e["problem"] for e in entries] == [None, None], entries  # no metadata is not missing
+    code, results = cli_json(capsys, "verify", str(tmp_path), "--all")
+    assert code == 0 and all(r["ok"] for r in results)
+    # In a directory tfdist writes, a checkpoint without its metadata is one with a problem.
+    (tmp_path / "ckpt-9.tfdist.json").write_text("{}")
+    code, entries = cli_json(capsys, "list", str(tmp_path))
+    assert [e["problem"] for e in entries if e["listed"]] == ["missing metadata file ckpt-1.tfdist.json",
+                                                               "missing metadata file ckpt-2.tfdist.json"]
+
+
 def test_verify_checks_only_the_latest_unless_all(copy, capsys):
     flip_byte(os.path.join(copy, "ckpt-4.data-00000-of-00001"), 100)
     assert cli(capsys, "verify", copy)[0] == 0

@@ -149,9 +149,15 @@ def _missing_files(prefix: str) -> str | None:
     missing = [s for s in shards if not storage.exists(s)]
     if missing:
         return "missing data shard " + ", ".join(storage.basename(s) for s in missing)
-    if not storage.exists(layout.metadata_path(prefix)):
+    if not storage.exists(layout.metadata_path(prefix)) and _written_by_tfdist(prefix):
         return f"missing metadata file {storage.basename(layout.metadata_path(prefix))}"
     return None
+
+
+def _written_by_tfdist(prefix: str) -> bool:
+    """Whether the checkpoint's directory holds tfdist metadata (a tf.train.CheckpointManager's own
+    checkpoints have none, and lack nothing without it)."""
+    return bool(storage.glob_names(storage.dirname(prefix), f"*{layout.METADATA_SUFFIX}"))
 
 
 def _info(prefix: str, *, listed: bool, problem: str | None = None, files=None) -> CheckpointInfo:
@@ -444,8 +450,7 @@ def _structure_problems(prefix: str) -> tuple[list[str], dict[str, str]]:
 def _metadata_problems(prefix: str, tensor_step: int | None) -> list[str]:
     name = storage.basename(layout.metadata_path(prefix))
     if not storage.exists(layout.metadata_path(prefix)):  # a problem where tfdist wrote the others
-        written_by_tfdist = storage.glob_names(storage.dirname(prefix), f"*{layout.METADATA_SUFFIX}")
-        return [f"missing metadata file {name}"] if written_by_tfdist else []
+        return [f"missing metadata file {name}"] if _written_by_tfdist(prefix) else []
     metadata = layout.read_metadata(prefix)
     if metadata is None:
         return [f"metadata file {name} is not a JSON object"]

@@ -273,6 +273,9 @@ def test_evaluate_reads_the_trained_model_file_and_scores_the_held_out_split_as_
     for argv, expected in (
         ([str(tmp_path / "model.h5")], "tfdist reads Keras model files, whose name ends in .keras; received MODEL="),
         ([str(tmp_path / "missing.keras")], "no such model file; received MODEL="),
+        ([str(out / "checkpoints" / "ckpt-3")], "A checkpoint holds no model architecture: while a run trains, an "
+                                                "evaluator task scores each of its checkpoints"),
+        ([str(out)], "A checkpoint holds no model architecture"),
         ([str(summary.with_suffix(".keras"))], "is not a Keras model file"),
         ([str(out / "model.keras"), "--features", "spec.json"], "--features applies to TFRecord files only"),
     ):

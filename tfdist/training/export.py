@@ -25,11 +25,27 @@ def check_name(path: str, *, what: str = "--save-model", reading: bool = False) 
     file (no TensorFlow is imported)."""
     if not path.endswith(SUFFIX) or storage.basename(path) == SUFFIX:
         if reading:
+            checkpoints = ("" if not _is_checkpoint(path) else
+                           " A checkpoint holds no model architecture: while a run trains, an evaluator task scores "
+                           "each of its checkpoints (tfdist launch --evaluator), and the run writes OUTPUT_DIR/model"
+                           f"{SUFFIX} when it ends.")
             raise ModelError(f"tfdist reads Keras model files, whose name ends in {SUFFIX}; received {what}={path!r}. "
                              f"Fix: pass the {SUFFIX} file that tfdist train or tfdist.save_model wrote (a model in "
-                             f"another format: load it with Keras and save it as {SUFFIX}).")
+                             f"another format: load it with Keras and save it as {SUFFIX}).{checkpoints}")
         raise ModelError(f"the trained model is written as a Keras file, whose name ends in {SUFFIX}; received "
                          f"{what}={path!r}. Fix: name a file such as model{SUFFIX}.")
+
+
+def _is_checkpoint(path: str) -> bool:
+    """Whether ``path`` names a checkpoint, a checkpoint directory or a run's output directory."""
+    from tfdist.checkpoint import layout
+
+    path = path.rstrip("/")
+    try:
+        return storage.exists(layout.index_path(path)) or any(
+            storage.exists(layout.state_path(d)) for d in (path, layout.checkpoint_dir_of(path)))
+    except OSError:
+        return False
 
 
 def save_model(model, path: str, *, cluster=None) -> None:

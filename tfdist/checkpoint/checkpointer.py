@@ -386,8 +386,10 @@ class Checkpointer:
         from an earlier checkpoint, so nothing depends on it, and keeping a copy of it at every
         such kill would fill the disk of a job preempted often: the run saves over it. A listed
         one (corrupt, skipped by resume), one of another run, one of several past the listed
-        ones (a state file rolled back by hand), or any without a state file that lists
-        checkpoints is set aside instead. None if there is none."""
+        ones, any past a state file rolled back by hand (``_roll_back``) or after a run whose
+        record says it ended cleanly (no save of it was cut short: an operator wrote the state
+        file), or any without a state file that lists checkpoints is set aside instead. None if
+        there is none."""
         listed = layout.checkpoint_paths(self.directory, listed_only=True)
         steps = [layout.step_of(p) for p in listed]
         if not steps or None in steps or self._rolled_back:

@@ -61,8 +61,8 @@ def interrupted(step: int, *, saved: bool, complete: bool = False, elsewhere: bo
 
 
 def _at_once() -> KeyboardInterrupt:
-    return KeyboardInterrupt("interrupted by a second Ctrl-C (SIGINT): stopped at once, without saving the current "
-                             "step; running again resumes from the last checkpoint")
+    return KeyboardInterrupt("interrupted by Ctrl-C (SIGINT) while already stopping: stopped at once, without saving "
+                             "the current step; running again resumes from the last checkpoint")
 
 
 class _SignalHandlers:

@@ -594,6 +594,9 @@ def test_a_state_file_edited_to_name_an_earlier_checkpoint_rolls_the_run_back_to
     assert same_weights(again.model, done.model)  # deterministic: the same steps again
     assert before <= _bytes_of(tmp_path)  # nothing deleted: the later checkpoints were moved aside, not saved over
     assert len(glob.glob(str(tmp_path / "ckpt-30.*.replaced-*"))) >= 2
+    # The checkpoints up to the roll-back stay listed (and under retention), not forgotten by the manager.
+    assert [os.path.basename(p) for p in layout.checkpoint_paths(str(tmp_path), listed_only=True)] == [
+        "ckpt-18", "ckpt-21", "ckpt-24", "ckpt-27", "ckpt-30"]
 
 
 def test_a_checkpoint_after_a_hand_written_state_file_is_moved_aside_when_the_last_run_ended_cleanly(tmp_path):
@@ -633,7 +636,8 @@ def test_the_latest_checkpoints_deleted_by_hand_leave_the_run_resuming_from_the_
     assert again.tfdist.start_step == 24 and again.tfdist.global_step == 30
     assert "lists ckpt-27, ckpt-30, whose files are gone: it now lists the checkpoints up to ckpt-24" in caplog.text
     assert same_weights(again.model, done.model)
-    assert [os.path.basename(p) for p in layout.checkpoint_paths(str(tmp_path))][-1] == "ckpt-30"
+    assert [os.path.basename(p) for p in layout.checkpoint_paths(str(tmp_path), listed_only=True)] == [
+        "ckpt-18", "ckpt-21", "ckpt-24", "ckpt-27", "ckpt-30"]
 
 
 def test_a_relative_checkpoint_dir_resumes(tmp_path, monkeypatch):

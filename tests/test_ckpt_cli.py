@@ -319,6 +319,19 @@ def test_verify_checks_the_metadata_file_and_its_step(copy, capsys):
     assert "global_step=9" in results[2]["problem"] and "8" in results[2]["problem"]
 
 
+def test_list_shows_a_state_file_rolled_back_to_an_earlier_checkpoint(copy, capsys):
+    state = os.path.join(copy, "checkpoint")
+    with open(state) as f:
+        text = f.read()
+    with open(state, "w") as f:
+        f.write(text.replace('model_checkpoint_path: "ckpt-8"', 'model_checkpoint_path: "ckpt-6"'))
+    code, entries = cli_json(capsys, "list", copy)
+    listed = [os.path.basename(e["path"]) for e in entries if e["listed"]]
+    assert code == 0 and listed == ["ckpt-4", "ckpt-6"], entries
+    later = [e for e in entries if os.path.basename(e["path"]) == "ckpt-8"]
+    assert later and later[0]["problem"].startswith("after ckpt-6, which the state file names as its latest: a roll-back")
+
+
 def test_checkpoints_of_a_plain_checkpoint_manager_are_listed_and_verified_without_problems(tmp_path, capsys):
     import tensorflow as tf
 

@@ -196,6 +196,7 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
         elif parsed.in_flight:  # a listed checkpoint's leftover temporary files
             groups.setdefault((parsed.stem, "temp"), []).append(path)
     leftovers = []
+    rolled_back = set(layout.rolled_back(directory))
     for (stem, kind), files in groups.items():
         prefix = storage.join(directory, stem)
         if kind == "state":
@@ -220,6 +221,9 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
             elif not listed and storage.exists(layout.metadata_path(prefix)):
                 problem = (f"no readable state file `{layout.STATE_FILE}` names it: a run started here resumes from "
                            "the newest of these")
+            elif prefix in rolled_back:
+                problem = (f"after {storage.basename(listed[-1])}, which the state file names as its latest: a roll-back; "
+                           "the next run moves it aside when it saves this step again")
             else:
                 problem = "not named in the state file (a save being committed, or one the manager stopped tracking)"
         info = _info(prefix, listed=False, problem=problem, files=files)

@@ -243,9 +243,21 @@ def rolled_back(directory: str) -> list[str]:
 
 def write_state(directory: str, paths: list[str]) -> None:
     """Writes the state file naming ``paths`` (oldest first, the last the latest) as
-    ``tf.train.CheckpointManager`` writes it: names relative to ``directory``, atomically."""
+    ``tf.train.CheckpointManager`` writes it: names relative to ``directory``, atomically, with
+    each checkpoint's save time. The manager keeps track of (and its ``keep`` retention applies
+    to) only the checkpoints saved after ``last_preserved_timestamp``: without the times it
+    would forget them all at its next save, leaving them unlisted on disk for good."""
     names = [storage.basename(p) for p in paths]
-    lines = [f'model_checkpoint_path: "{names[-1]}"', *(f'all_model_checkpoint_paths: "{n}"' for n in names)]
+    now = time.time()
+    times = []
+    for path in paths:
+        metadata = read_metadata(path)
+        saved = metadata.saved_at if metadata is not None else None
+        times.append(min(now, saved if saved is not None else storage.mtime(index_path(path)) or now))
+    times = [max(times[:i + 1]) for i in range(len(times))]  # in the order of the list, as the manager keeps it
+    lines = [f'model_checkpoint_path: "{names[-1]}"', *(f'all_model_checkpoint_paths: "{n}"' for n in names),
+             *(f"all_model_checkpoint_timestamps: {t!r}" for t in times),
+             f"last_preserved_timestamp: {min(times) - 1.0!r}"]
     storage.write_atomic(state_path(directory), "\n".join(lines) + "\n")
 
 

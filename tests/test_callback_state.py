@@ -345,3 +345,77 @@ def test_adding_or_removing_early_stopping_with_best_weights_on_resume_still_res
     removed = tfdist.fit(_build("keras"), "digits", epochs=3, batch_size=128, seed=3, strategy="one_device", verbose=0,
                          checkpoint_dir=str(tmp_path / "run"))
     assert removed.tfdist.start_step == 22 and removed.tfdist.global_step == 33
+
+
+def _small(keras_name):
+    keras = __import__(keras_name)
+
+    def build():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        return model
+
+    x = np.random.default_rng(0).random((48, 8)).astype("float32")
+    return keras, build, (x, (x.sum(axis=1) > 4).astype("int32"))
+
+
+@pytest.mark.parametrize("keras_name", KERASES)
+def test_a_resumed_csv_logger_keeps_the_files_columns_when_only_some_epochs_validate(tmp_path, keras_name):
+    # validation_freq=2: the first run's first epoch has no val_* keys, the resumed run's first
+    # epoch (epoch 1) has them; the resumed logger must write under the file's header.
+    keras, build, data = _small(keras_name)
+    options = dict(epochs=4, batch_size=8, seed=1, deterministic=True, strategy="one_device", verbose=0,
+                   validation_data=data, validation_freq=2)
+
+    def callbacks(name):  # the scheduler logs the learning rate: the logger adds a val_ column for it too
+        return [keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.9),
+                keras.callbacks.CSVLogger(str(tmp_path / name))]
+
+    tfdist.fit(build, data, callbacks=callbacks("ref.csv"), **options)
+    with pytest.raises(Crash):
+        tfdist.fit(build, data, checkpoint_dir=str(tmp_path / "int"), save_every_steps=4,
+                   callbacks=[*callbacks("int.csv"), crash_after(9, keras_name)], **options)
+    resumed = tfdist.fit(build, data, checkpoint_dir=str(tmp_path / "int"), save_every_steps=4,
+                         callbacks=callbacks("int.csv"), **options)
+    assert resumed.tfdist.start_step == 8
+    assert _rows(tmp_path / "int.csv") == _rows(tmp_path / "ref.csv") and len(_rows(tmp_path / "ref.csv")) == 5
+
+
+@pytest.mark.parametrize("keras_name", KERASES)
+def test_a_run_a_callback_stopped_mid_epoch_keeps_its_csv_rows_when_started_again(tmp_path, keras_name):
+    keras, build, data = _small(keras_name)
+
+    class StopAtStep3(keras.callbacks.Callback):  # as TerminateOnNaN does at a NaN loss
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                self.model.stop_training = True
+
+    def run():
+        return tfdist.fit(build, data, epochs=3, batch_size=8, seed=1, strategy="one_device", verbose=0,
+                          checkpoint_dir=str(tmp_path / "ckpt"),
+                          callbacks=[StopAtStep3(), keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))])
+
+    assert run().tfdist.global_step == 3
+    rows = _rows(tmp_path / "log.csv")
+    assert len(rows) == 2
+    again = run()  # complete: trains nothing, and takes no row off to be written again
+    assert again.tfdist.start_step == again.tfdist.global_step == 3
+    assert _rows(tmp_path / "log.csv") == rows
+
+
+def test_tf_keras_tensorboard_batch_steps_go_on_from_the_resumed_step(tmp_path):
+    # tf_keras' fit sets the step counter TensorBoard writes batch summaries at to 0.
+    keras, build, data = _small("tf_keras")
+    seen = []
+
+    class Steps(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(int(self.model._train_counter.numpy()))
+
+    options = dict(epochs=2, batch_size=8, seed=1, strategy="one_device", verbose=0,
+                   checkpoint_dir=str(tmp_path / "ckpt"), save_every_steps=4)
+    with pytest.raises(Crash):
+        tfdist.fit(build, data, callbacks=[crash_after(9, "tf_keras")], **options)
+    resumed = tfdist.fit(build, data, callbacks=[Steps()], **options)
+    assert resumed.tfdist.start_step == 8 and seen == list(range(9, 13))

@@ -226,3 +226,63 @@ def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_who
     assert first["other_batch"]["loss"] == pytest.approx(first["last"]["loss"], rel=1e-6)
     # Progress shows on the chief only: 6 steps, as each replica evaluates 180 (or 179) of 359 examples, 32 at a time.
     assert "[worker:0] 6/6 - " in out and "[worker:1] 6/6" not in out
+
+
+CALLBACK_FILES_SCRIPT = '''
+import glob, json, os, sys
+import numpy as np
+import tfdist
+
+out, keras_name = sys.argv[1], sys.argv[2]
+keras = __import__(keras_name)
+x = np.random.default_rng(0).random((128, 8)).astype("float32")
+y = (x.sum(axis=1) > 4).astype("int32")
+
+def build():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+weights = "w-{epoch:02d}.weights.h5" if keras_name == "keras" else "w-{epoch:02d}.h5"
+best = "best.keras" if keras_name == "keras" else "best.h5"
+callbacks = [
+    keras.callbacks.ModelCheckpoint(os.path.join(out, weights), save_weights_only=True),
+    keras.callbacks.ModelCheckpoint(os.path.join(out, best), monitor="val_loss", save_best_only=True),
+    keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
+    keras.callbacks.TensorBoard(os.path.join(out, "tb")),
+]
+tfdist.fit(build, (x, y), epochs=3, batch_size=32, seed=1, verbose=0, validation_data=(x, y), callbacks=callbacks)
+paths = [str(getattr(cb, a)) for cb, a in zip(callbacks, ("filepath", "filepath", "filename", "log_dir"))]
+print("PATHS " + json.dumps(paths))
+'''
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("keras", ["keras", "tf_keras"])
+def test_the_chief_alone_writes_the_files_of_the_users_callbacks(procs, tmp_path, keras):
+    # Every worker runs the callbacks; Keras 3's ModelCheckpoint, TensorBoard and both Kerases'
+    # CSVLogger know nothing of workers: two writers of one HDF5 file fail the job (a file lock),
+    # of one .keras file corrupt it, and a CSV file gets every row twice.
+    import csv
+    import os
+
+    script = tmp_path / "callbacks.py"
+    script.write_text(CALLBACK_FILES_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    code, printed = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, str(script),
+                                 str(out), keras, timeout=240)
+    assert code == 0, printed[-4000:]
+    keras_module = __import__(keras)
+    suffix = ".weights.h5" if keras == "keras" else ".h5"
+    assert sorted(os.listdir(out)) == sorted(["best" + (".keras" if keras == "keras" else ".h5"), "log.csv", "tb",
+                                              *(f"w-0{e}{suffix}" for e in (1, 2, 3))])
+    model = keras_module.models.load_model(str(next(out.glob("best.*"))))
+    assert model.count_params() == 8 * 8 + 8 + 8 * 2 + 2
+    with open(out / "log.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert [row[0] for row in rows] == ["epoch", "0", "1", "2"]
+    assert len(glob.glob(str(out / "tb" / "train" / "events.out.tfevents.*"))) == 1
+    # Each worker's callbacks name the user's paths again after fit; worker 1's scratch files are gone.
+    paths = [json.loads(line.split("PATHS ", 1)[1]) for line in printed.splitlines() if "PATHS " in line]
+    assert len(paths) == 2 and paths[0] == paths[1] and all(p.startswith(str(out)) for p in paths[0])

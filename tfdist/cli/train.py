@@ -206,13 +206,6 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist.strategy import trains_here
 
     serves = not trains_here(args.strategy, cluster)  # a parameter-server job's workers and ps run no callbacks
-    if not cluster.is_chief and not serves:  # tf.distribute workers log too; keep only the chief's
-        import atexit
-        import shutil
-
-        log_dir = storage.task_scratch_dir(purpose="tb", task_name=cluster.task_name,
-                                           key=storage.absolute(args.output_dir))
-        atexit.register(shutil.rmtree, log_dir, True)
     history = fit(
         builder,
         train,

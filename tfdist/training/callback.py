@@ -58,6 +58,11 @@ class TrainingCallback(tf_keras.callbacks.Callback):
         start = self.controller.start
         if start.mid_epoch:
             self.model._training_state = _StartAt(start.epoch, start.step_in_epoch)
+        # tf_keras' fit sets its step counter to 0, and TensorBoard writes batch summaries at that
+        # step: a resumed run's would start again at 1 (Keras 3's TensorBoard keeps its own count).
+        counter = getattr(self.model, "_train_counter", None)
+        if counter is not None:
+            counter.assign(start.global_step)
         self.controller.on_train_begin()
 
     def on_epoch_begin(self, epoch, logs=None):

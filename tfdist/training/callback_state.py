@@ -54,7 +54,7 @@ _EPOCH_BEGIN_LR = "learning_rate_at_epoch_begin"
 """The key of the learning rate the current epoch began with (callbacks' keys hold a colon)."""
 
 
-def _keras_class(callback, names) -> str | None:
+def keras_class(callback, names) -> str | None:
     """The name of ``callback``'s nearest base class of either Keras that is one of ``names``."""
     for cls in type(callback).__mro__:
         if cls.__name__ in names and cls.__module__.split(".")[0] in _KERAS_PACKAGES:
@@ -64,7 +64,7 @@ def _keras_class(callback, names) -> str | None:
 
 def _registered(callback) -> str | None:
     """The registry's name for ``callback`` (a user's subclass of a registered callback included)."""
-    return _keras_class(callback, REGISTRY)
+    return keras_class(callback, REGISTRY)
 
 
 def _has_protocol(callback) -> bool:
@@ -133,6 +133,23 @@ def _drop_rows_from(path: str, *, separator: str, epoch: int) -> None:
              "from; the run writes them again", path, len(lines) - keep, epoch)
 
 
+def _csv_columns(path: str, *, separator: str) -> list[str] | None:
+    """The columns after ``epoch`` of the header of a CSVLogger file; None without one. A resumed
+    CSVLogger takes its columns from the rows of its first epoch, which may have other keys than
+    the first run's first epoch (with validation_freq > 1, one validated, the other not): it
+    appends under the file's header instead."""
+    import csv
+
+    from tfdist import storage
+
+    try:
+        header = storage.read_text(path).splitlines()[:1]
+    except (OSError, UnicodeDecodeError):
+        return None
+    fields = next(csv.reader(header, delimiter=separator), []) if header else []
+    return fields[1:] if len(fields) > 1 and fields[0] == "epoch" else None
+
+
 class CallbackState:
     """The state of ``callbacks`` for one run's checkpoints.
 
@@ -157,6 +174,7 @@ class CallbackState:
         self._optimizer = getattr(model, "optimizer", None)
         self._epoch_begin_lr: float | None = None
         self._resumed_lr: Any = None
+        self._csv_columns: dict[int, list[str]] = {}
 
     def _make_slots(self, keepers, model) -> None:
         import tensorflow as tf
@@ -177,12 +195,16 @@ class CallbackState:
         if not resuming:
             return
         for cb in self._callbacks:
-            if not _keras_class(cb, ("CSVLogger",)):
+            if not keras_class(cb, ("CSVLogger",)):
                 continue
             if not cb.append:
                 cb.append = True
                 log.info("CSVLogger(%r) appends to its file in this resumed run", getattr(cb, "filename", "?"))
-            _drop_rows_from(str(getattr(cb, "filename", "")), separator=getattr(cb, "sep", ","), epoch=epoch)
+            separator = getattr(cb, "sep", ",")
+            _drop_rows_from(str(getattr(cb, "filename", "")), separator=separator, epoch=epoch)
+            columns = _csv_columns(str(getattr(cb, "filename", "")), separator=separator)
+            if columns:
+                self._csv_columns[id(cb)] = columns
 
     def resume_from(self, saved: dict | None, *, arrays_restored: bool) -> None:
         """The state a checkpoint recorded (``Metadata.callbacks``), to be put back by :meth:`restore`."""
@@ -193,6 +215,9 @@ class CallbackState:
         """After the callbacks' ``on_train_begin``: puts the saved state back; checks the
         current state can be saved."""
         self.capture(assign=False)  # a state JSON cannot hold is refused now, not at the first save
+        for cb in self._callbacks:  # the columns of the file it appends to (its on_train_begin forgot them)
+            if id(cb) in self._csv_columns:
+                cb.keys = list(self._csv_columns[id(cb)])
         if self._saved is None:
             return
         unmatched = dict(self._saved)

@@ -31,6 +31,7 @@ from tfdist.startup import serve
 from tfdist.errors import (BatchSizeError, CheckpointIOError, DataError, ModelError, PeerUnavailableError,
                            describe)
 from tfdist.training import model as model_mod
+from tfdist.training.callback_files import ChiefOnlyFiles
 from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
 from tfdist.training.faults import Faults
@@ -132,55 +133,60 @@ def fit(
     if not strategy_mod.trains_here(strategy, cluster):
         serve(cluster, checkpoint_dir=options.directory if options is not None else None)  # ps and worker tasks
         return None
-    with SetupSignals():  # a preemption signal before training begins: exit to be restarted
-        recorded = layout.latest_metadata(options.directory) if options is not None and options.resume else None
-        seed = _seed(seed, deterministic=deterministic, recorded=recorded)
-        strategy = _strategy_built_in(model, strategy)
-        strat = strategy_mod.make_strategy(
-            strategy, cluster=cluster, devices=devices, all_reduce=all_reduce, bytes_per_pack=bytes_per_pack,
-            collective_timeout=collective_timeout,
+    files = ChiefOnlyFiles(callbacks, is_chief=cluster.is_chief, task_name=cluster.task_name)
+    try:
+        with SetupSignals():  # a preemption signal before training begins: exit to be restarted
+            recorded = layout.latest_metadata(options.directory) if options is not None and options.resume else None
+            seed = _seed(seed, deterministic=deterministic, recorded=recorded)
+            strategy = _strategy_built_in(model, strategy)
+            strat = strategy_mod.make_strategy(
+                strategy, cluster=cluster, devices=devices, all_reduce=all_reduce, bytes_per_pack=bytes_per_pack,
+                collective_timeout=collective_timeout,
+            )
+            traits = strategy_mod.traits(strat, cluster)
+            model_mod.check_precision(mixed_precision, strategy=traits.name)
+            # 2. Data plan.
+            shape = _data_plan(
+                data, validation_data, strat, traits, validation_split=validation_split,
+                validation_freq=validation_freq, epochs=epochs, batch_size=batch_size,
+                per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
+                steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, class_weight=class_weight,
+                recorded=recorded,
+            )
+            # 3. Model in scope.
+            adapter, built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
+            # 4. Checkpoints and the point to resume from (the callbacks' state with them).
+            callback_state = CallbackState(callbacks, model=built) if options is not None else None
+            checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster,
+                                               callback_state=callback_state)
+            if point is not None and _is_complete(point, shape):
+                history = _already_complete(point, adapter, built, checkpointer, strat, traits, shape,
+                                            wall_start=wall_start, callback_state=callback_state)
+                _give_back(model, built)
+                return history
+            start_step = point.global_step if point is not None else 0
+            # 5. Datasets.
+            train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
+        # 6. Run.
+        controller = _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape,
+                                 start_step=start_step, history=point.metadata.history if point is not None else [],
+                                 callback_state=callback_state)
+        keras_history = _run(adapter, built, controller, cluster, traits, shape, train_data, val_data, validation_steps,
+                             callbacks=callbacks, verbose=verbose, checkpointer=checkpointer)
+        # 7. Summary.
+        history = adapter.history(controller.history, keras_history)
+        history.tfdist = summarize(
+            strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
+            all_reduce=strategy_mod.all_reduce_of(strat),
+            sizes=shape.sizes, plan=shape.plan, global_step=controller.global_step, start_step=start_step,
+            resumed_from=point.path if point is not None else None, history=controller.history,
+            train_seconds=controller.train_seconds, wall_seconds=time.monotonic() - wall_start,
+            checkpoint_dir=checkpoint_dir,
         )
-        traits = strategy_mod.traits(strat, cluster)
-        model_mod.check_precision(mixed_precision, strategy=traits.name)
-        # 2. Data plan.
-        shape = _data_plan(
-            data, validation_data, strat, traits, validation_split=validation_split, validation_freq=validation_freq,
-            epochs=epochs, batch_size=batch_size,
-            per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps,
-            steps_per_epoch=steps_per_epoch, seed=seed, shuffle=shuffle, class_weight=class_weight, recorded=recorded,
-        )
-        # 3. Model in scope.
-        adapter, built = _model_in_scope(model, strat, traits, shape, precision=mixed_precision or "float32")
-        # 4. Checkpoints and the point to resume from (the callbacks' state with them).
-        callback_state = CallbackState(callbacks, model=built) if options is not None else None
-        checkpointer, point = _checkpoints(options, adapter, built, strat, traits, shape, cluster,
-                                           callback_state=callback_state)
-        if point is not None and _is_complete(point, shape):
-            history = _already_complete(point, adapter, built, checkpointer, strat, traits, shape,
-                                        wall_start=wall_start, callback_state=callback_state)
-            _give_back(model, built)
-            return history
-        start_step = point.global_step if point is not None else 0
-        # 5. Datasets.
-        train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
-    # 6. Run.
-    controller = _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape,
-                             start_step=start_step, history=point.metadata.history if point is not None else [],
-                             callback_state=callback_state)
-    keras_history = _run(adapter, built, controller, cluster, traits, shape, train_data, val_data, validation_steps,
-                         callbacks=callbacks, verbose=verbose, checkpointer=checkpointer)
-    # 7. Summary.
-    history = adapter.history(controller.history, keras_history)
-    history.tfdist = summarize(
-        strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
-        all_reduce=strategy_mod.all_reduce_of(strat),
-        sizes=shape.sizes, plan=shape.plan, global_step=controller.global_step, start_step=start_step,
-        resumed_from=point.path if point is not None else None, history=controller.history,
-        train_seconds=controller.train_seconds, wall_seconds=time.monotonic() - wall_start,
-        checkpoint_dir=checkpoint_dir,
-    )
-    _give_back(model, built)
-    return history
+        _give_back(model, built)
+        return history
+    finally:
+        files.close()
 
 
 def _give_back(model: Any, built: Any) -> None:
@@ -390,7 +396,8 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         task_name=cluster.task_name, run_metadata=run, callback_arrays=callback_state.arrays,
     )
     point = checkpointer.restore()
-    callback_state.prepare(resuming=point is not None,
+    # A complete run trains nothing: its files stay as they are (no CSV row taken off to be written again).
+    callback_state.prepare(resuming=point is not None and not _is_complete(point, shape),
                            epoch=point.global_step // plan.steps_per_epoch if point is not None else 0)
     if point is not None:
         callback_state.resume_from(point.metadata.callbacks, arrays_restored=checkpointer.callback_arrays_restored)

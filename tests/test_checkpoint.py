@@ -168,6 +168,27 @@ def test_a_frozen_run_that_comes_back_after_another_took_over_stops_without_writ
     assert _tree_digest(shared / "checkpoints") == before, "the frozen run wrote into the directory after waking up"
 
 
+def test_a_save_that_fails_after_another_run_took_over_reports_the_takeover(tmp_path, monkeypatch):
+    # A run frozen mid-save wakes up after a replacement took over; the replacement removed the
+    # save's temporary files as an interrupted write's, so the write fails: the takeover is the news.
+    from tfdist.checkpoint import layout, ownership
+    from tfdist.checkpoint.checkpointer import Checkpointer
+    from tfdist.errors import CheckpointTakenOverError
+
+    written = Checkpointer._written
+
+    def taken_over_and_removed(self, save_path):
+        if layout.step_of(save_path) == 9:
+            ownership.claim(str(tmp_path))
+            raise OSError(2, "No such file or directory", save_path + "_temp")
+        written(self, save_path)
+
+    monkeypatch.setattr(Checkpointer, "_written", taken_over_and_removed)
+    with pytest.raises(CheckpointTakenOverError, match="another run started writing the checkpoint directory .*stops "
+                                                       "without saving step 9"):
+        _fit(tmp_path)
+
+
 def test_the_writer_record_is_claimed_checked_and_released_by_its_own_run_only(tmp_path, caplog):
     from tfdist.checkpoint import layout, ownership
     from tfdist.errors import CheckpointIOError, CheckpointTakenOverError

@@ -289,6 +289,10 @@ class Checkpointer:
         if isinstance(failure, CheckpointTakenOverError):  # raised by _written in the writer thread
             raise failure
         if failure is not None:
+            if self.is_chief and self._writer is not None and step is not None:
+                # A run frozen mid-save wakes up after another took over, which removed the save's
+                # temporary files as an interrupted write's: the takeover is what to say.
+                self._check_writer(step)
             raise _save_failed(self.options.directory, failure) from failure
 
     def save(self, *, global_step: int, epoch: int, step_in_epoch: int, history: list[dict], complete: bool = False,

@@ -280,7 +280,7 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
         def one_pass(number):  # a Python int (epoch) or an int64 tensor (pass)
             if not plan.shuffle:
                 return stream
-            return stream.shuffle(source.shuffle_buffer, seed=seed + number, reshuffle_each_iteration=False)
+            return _shuffled(stream, source.shuffle_buffer, seed=seed + number)
 
         if plan.continuous:
             return _read_on(one_pass, source, sizes.global_batch_size, first_step=first_step,
@@ -306,6 +306,26 @@ def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop
         return ds
 
     return make
+
+
+def _shuffled(stream: "tf.data.Dataset", buffer: int, *, seed) -> "tf.data.Dataset":
+    """``stream.shuffle(buffer, seed=seed)`` once, for a Python or a tensor ``seed``.
+
+    TensorFlow pairs the op seed with the graph's global seed and compares the pair with (0, 0)
+    in Python, which fails for a tensor op seed when the global seed is 0 (``tf.random.set_seed(0)``,
+    or a run with ``seed=0``): the pass numbers of a stream read on across epochs are tensors.
+    That global seed is set aside for this op, which then pairs with the default graph seed, as
+    with no global seed (a global seed of 0 failed before, so no order it gave is changed)."""
+    import tensorflow as tf
+
+    graph = tf.compat.v1.get_default_graph()
+    saved = graph.seed
+    if tf.is_tensor(seed) and saved is not None and saved % (2**31 - 1) == 0:
+        graph.seed = None
+    try:
+        return stream.shuffle(buffer, seed=seed, reshuffle_each_iteration=False)
+    finally:
+        graph.seed = saved
 
 
 def _read_on(one_pass, source: StreamSource, global_batch: int, *, first_step: int, stop_step: int | None,

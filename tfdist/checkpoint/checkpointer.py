@@ -441,21 +441,23 @@ class Checkpointer:
                         self.directory, gone, storage.basename(present[-1]))
             layout.write_state(self.directory, present)
             return
-        state = layout.state_path(self.directory)
-        aside = layout.replaced_name(state, time.strftime("%Y%m%d-%H%M%S"))
-        storage.rename(state, aside)
         log.warning("the state file of %s lists only checkpoints whose files are gone (%s): kept as %s",
-                    self.directory, gone, storage.basename(aside))
+                    self.directory, gone, self._set_aside_state())
 
     def _set_aside_unreadable_state(self) -> None:
         """Moves aside a state file that names no checkpoint (emptied, damaged, written over),
         which TensorFlow's manager cannot read; the checkpoints beside it are what resume reads."""
         state = layout.state_path(self.directory)
         if storage.exists(state) and not layout.checkpoint_paths(self.directory, listed_only=True):
-            aside = layout.replaced_name(state, time.strftime("%Y%m%d-%H%M%S"))
-            storage.rename(state, aside)
             log.warning("the state file %s names no checkpoint (damaged or written over): kept as %s", state,
-                        storage.basename(aside))
+                        self._set_aside_state())
+
+    def _set_aside_state(self) -> str:
+        """Renames the state file to ``checkpoint.replaced-<stamp>``; returns that name."""
+        state = layout.state_path(self.directory)
+        aside = layout.replaced_name(state, time.strftime("%Y%m%d-%H%M%S"))
+        storage.rename(state, aside)
+        return storage.basename(aside)
 
     def _remove_orphan_metadata(self, *, keep: str) -> None:
         """Removes the metadata of checkpoints the manager deleted (``keep``: the save in flight)."""
@@ -538,7 +540,8 @@ class Checkpointer:
         """Restores the newest good checkpoint; a corrupt one is skipped with a warning."""
         self.sync()
         listed = layout.checkpoint_paths(self.options.directory, listed_only=True) if self.options.resume else []
-        listed = _present(listed)  # a listed checkpoint deleted by hand is not there to resume from
+        if not self.is_chief:  # a listed checkpoint deleted by hand is not there to resume from (the chief
+            listed = _present(listed)  # wrote the state file again without it: _forget_missing)
         paths = listed or (layout.found_checkpoints(self.options.directory) if self.options.resume else [])
         if paths and not listed:
             log.warning("%s has no readable state file `checkpoint`: resuming from the checkpoints found beside it "

@@ -22,6 +22,7 @@ Reading a directory needs no TensorFlow when it is local.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import time
@@ -254,7 +255,7 @@ def write_state(directory: str, paths: list[str]) -> None:
         metadata = read_metadata(path)
         saved = metadata.saved_at if metadata is not None else None
         times.append(min(now, saved if saved is not None else storage.mtime(index_path(path)) or now))
-    times = [max(times[:i + 1]) for i in range(len(times))]  # in the order of the list, as the manager keeps it
+    times = list(itertools.accumulate(times, max))  # in the order of the list, as the manager keeps it
     lines = [f'model_checkpoint_path: "{names[-1]}"', *(f'all_model_checkpoint_paths: "{n}"' for n in names),
              *(f"all_model_checkpoint_timestamps: {t!r}" for t in times),
              f"last_preserved_timestamp: {min(times) - 1.0!r}"]

@@ -107,18 +107,24 @@ def _plain(value: Any, *, where: str) -> Any:
     )
 
 
-def _drop_rows_from(path: str, *, separator: str, epoch: int) -> None:
-    """Takes off the end of a CSVLogger file the rows of epochs ``epoch`` and later: the last
-    ones, up to a row of an earlier epoch (rows above it, of another run, stay). The file is
-    replaced atomically, and left as it is when there is nothing to take off."""
+def _read_csv(path: str) -> str | None:
+    """A CSVLogger file's text; None if there is no file yet, or not one CSVLogger wrote."""
+    from tfdist import storage
+
+    try:
+        return storage.read_text(path)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _drop_rows_from(path: str, text: str, *, separator: str, epoch: int) -> None:
+    """Takes off the end of the CSVLogger file ``path`` (its ``text``) the rows of epochs ``epoch``
+    and later: the last ones, up to a row of an earlier epoch (rows above it, of another run,
+    stay). The file is replaced atomically, and left as it is when there is nothing to take off."""
     import csv
 
     from tfdist import storage
 
-    try:
-        text = storage.read_text(path)
-    except (OSError, UnicodeDecodeError):
-        return  # no file yet, or not one CSVLogger wrote: nothing of this run to take off
     lines = text.splitlines(keepends=True)
     keep = len(lines)
     while keep > 1:  # line 0 is the header
@@ -133,19 +139,14 @@ def _drop_rows_from(path: str, *, separator: str, epoch: int) -> None:
              "from; the run writes them again", path, len(lines) - keep, epoch)
 
 
-def _csv_columns(path: str, *, separator: str) -> list[str] | None:
-    """The columns after ``epoch`` of the header of a CSVLogger file; None without one. A resumed
-    CSVLogger takes its columns from the rows of its first epoch, which may have other keys than
-    the first run's first epoch (with validation_freq > 1, one validated, the other not): it
-    appends under the file's header instead."""
+def _csv_columns(text: str, *, separator: str) -> list[str] | None:
+    """The columns after ``epoch`` of the header of a CSVLogger file's ``text``; None without one.
+    A resumed CSVLogger takes its columns from the rows of its first epoch, which may have other
+    keys than the first run's first epoch (with validation_freq > 1, one validated, the other
+    not): it appends under the file's header instead."""
     import csv
 
-    from tfdist import storage
-
-    try:
-        header = storage.read_text(path).splitlines()[:1]
-    except (OSError, UnicodeDecodeError):
-        return None
+    header = text.splitlines()[:1]
     fields = next(csv.reader(header, delimiter=separator), []) if header else []
     return fields[1:] if len(fields) > 1 and fields[0] == "epoch" else None
 
@@ -200,9 +201,12 @@ class CallbackState:
             if not cb.append:
                 cb.append = True
                 log.info("CSVLogger(%r) appends to its file in this resumed run", getattr(cb, "filename", "?"))
-            separator = getattr(cb, "sep", ",")
-            _drop_rows_from(str(getattr(cb, "filename", "")), separator=separator, epoch=epoch)
-            columns = _csv_columns(str(getattr(cb, "filename", "")), separator=separator)
+            path, separator = str(getattr(cb, "filename", "")), getattr(cb, "sep", ",")
+            text = _read_csv(path)
+            if text is None:
+                continue
+            _drop_rows_from(path, text, separator=separator, epoch=epoch)
+            columns = _csv_columns(text, separator=separator)
             if columns:
                 self._csv_columns[id(cb)] = columns
 

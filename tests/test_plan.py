@@ -454,15 +454,35 @@ def test_saved_model_params_and_measured_step_time(tmp_path, keras_version):
     from tfdist import models
 
     k = models.keras_module(keras_version)  # saved and loaded with the same Keras
-    model = k.Sequential([k.layers.Input((8,)), k.layers.Dense(16), k.layers.Dense(3)])
+    model = k.Sequential([k.layers.Input((8,)), k.layers.Dense(16), k.layers.BatchNormalization(), k.layers.Dense(3)])
     path = str(tmp_path / "tiny.keras")
     model.save(path)
     p = plan(samples=100, micro_batch_size=4, model=path, measure=True, measure_steps=3, measure_warmup=1,
              keras=keras_version)
-    assert p.params == 8 * 16 + 16 + 16 * 3 + 3 and p.keras == keras_version
+    # BatchNormalization: gamma and beta train; the moving mean and variance have no gradients or slots.
+    trainable = 8 * 16 + 16 + 2 * 16 + 16 * 3 + 3
+    assert p.params == trainable + 2 * 16 and p.trainable_params == trainable and p.keras == keras_version
+    assert p.gradient_bytes == trainable * 4 and p.memory.optimizer_bytes == 2 * trainable * 4
     assert p.step_time_source == "measured" and 0 < p.step_time < 5
     assert p.measured_peak_source is not None
-    assert plan(samples=100, micro_batch_size=4, model=path, keras=keras_version).params == p.params
+    counted = plan(samples=100, micro_batch_size=4, model=path, keras=keras_version)
+    assert (counted.params, counted.trainable_params) == (p.params, trainable)
+
+
+def test_trainable_params_bound_gradients_slots_and_the_checkpoint(capsys):
+    p = plan(samples=1000, micro_batch_size=10, params="1M", trainable_params="900k", optimizer_slots=2)
+    assert p.memory.weights_bytes == 4_000_000 and p.memory.gradients_bytes == 3_600_000
+    assert p.memory.optimizer_bytes == 7_200_000 and p.gradient_bytes == 3_600_000
+    assert p.checkpoint_bytes == (1_000_000 + 2 * 900_000) * 4 + CHECKPOINT_OVERHEAD_BYTES
+    everything = plan(samples=1000, micro_batch_size=10, params="1M")
+    assert everything.trained_params == 1_000_000 and everything.gradient_bytes == 4_000_000
+    for wrong in ({"trainable_params": 5}, {"params": 4, "trainable_params": 5}):
+        with pytest.raises(PlanError, match="Invalid `trainable_params`; received trainable_params=5"):
+            plan(samples=1000, micro_batch_size=10, **wrong)
+    argv = ["plan", "--samples", "1000", "--micro-batch", "10", "--params", "1M", "--trainable-params", "900k"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 x 900,000 trainable x 4 B" in out and "(params + 2 slots x trainable) x 4 B + overhead" in out
 
 
 @pytest.mark.timeout(120)

@@ -47,6 +47,10 @@ def register(subparsers) -> None:
     )
     model = parser.add_argument_group("model and memory")
     model.add_argument("--params", metavar="P", help="parameter count, e.g. 125M")
+    model.add_argument(
+        "--trainable-params", metavar="T",
+        help="with --params: the trainable ones, which have gradients and optimizer slots (default all)",
+    )
     model.add_argument("--model", metavar="NAME|PATH", help="a built-in model name or a saved model (see --keras)")
     model.add_argument(
         "--keras", default=DEFAULT_KERAS, choices=KERAS_VERSIONS,
@@ -146,6 +150,7 @@ def _make_plan(args: argparse.Namespace) -> Plan:
         global_batch_size=_option(args, "global_batch"),
         max_micro_batch_size=_option(args, "max_micro_batch"),
         params=_option(args, "params"),
+        trainable_params=_option(args, "trainable_params"),
         model=args.model,
         input_shape=input_shape,
         num_classes=_option(args, "num_classes", positive=True),
@@ -183,12 +188,13 @@ def _rows(p: Plan) -> list[tuple[str, str, str]]:
     if memory is None:
         rows.append(("", _MODEL_HINT, ""))
     else:
+        trained = "params" if p.trained_params == p.params else f"{p.trained_params:,} trainable"
         rows += [
             ("weights", fb(memory.weights_bytes), f"{p.params:,} params x 4 B"),
             ("16-bit weight copies", fb(memory.weight_copies_bytes), "params x 2 B (mixed precision only)"),
-            ("gradients", fb(memory.gradients_bytes), "params x 4 B"),
-            ("accumulator", fb(memory.accumulator_bytes), "params x 4 B (when accumulating)"),
-            ("optimizer slots", fb(memory.optimizer_bytes), f"{p.optimizer_slots} x params x 4 B"),
+            ("gradients", fb(memory.gradients_bytes), f"{trained} x 4 B"),
+            ("accumulator", fb(memory.accumulator_bytes), f"{trained} x 4 B (when accumulating)"),
+            ("optimizer slots", fb(memory.optimizer_bytes), f"{p.optimizer_slots} x {trained} x 4 B"),
             ("activations", fb(memory.activations_bytes),
              "unknown: pass --activation-bytes (per sample)" if memory.activations_bytes is None
              else f"{fb(p.activation_bytes)}/sample x {p.micro_batch_size}"),
@@ -202,7 +208,9 @@ def _rows(p: Plan) -> list[tuple[str, str, str]]:
     else:
         write_note = "assumed: the whole stall window" if p.write_bandwidth is None else f"at {fb(p.write_bandwidth)}/s"
         rows += [
-            ("size", fb(p.checkpoint_bytes), f"params x 4 B x (1 + {p.optimizer_slots} slots) + overhead"),
+            ("size", fb(p.checkpoint_bytes),
+             f"params x 4 B x (1 + {p.optimizer_slots} slots) + overhead" if p.trained_params == p.params
+             else f"(params + {p.optimizer_slots} slots x trainable) x 4 B + overhead"),
             ("required write bandwidth", f"{fb(p.required_write_bytes_per_sec)}/s",
              f"to write within {fs(p.stall_window)}"),
             ("write time", fs(p.checkpoint_write_seconds), write_note),

@@ -6,6 +6,7 @@ TensorFlow is imported inside the functions only.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import TYPE_CHECKING, Sequence
@@ -61,11 +62,19 @@ def _load_model(model: str, *, keras: str, input_shape: Sequence[int] | None = N
 
 def builtin_params(
     name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None, keras: str = "3"
-) -> int:
-    """Parameter count of a built-in model or a saved model, built or loaded (not trained) with
-    Keras ``keras`` ("3" or "2"; the built-in models have the same parameters in either)."""
+) -> tuple[int, int]:
+    """Parameter counts, all and trainable, of a built-in model or a saved model, built or loaded
+    (not trained) with Keras ``keras`` ("3" or "2"; the built-in models have the same parameters
+    in either)."""
     check_keras(keras)
-    return int(_load_model(name, keras=keras, input_shape=input_shape, num_classes=num_classes).count_params())
+    return param_counts(_load_model(name, keras=keras, input_shape=input_shape, num_classes=num_classes))
+
+
+def param_counts(model) -> tuple[int, int]:
+    """A built model's parameters, all of them and its trainable ones (which get gradients and
+    optimizer slots)."""
+    trainable = sum(math.prod(int(d) for d in v.shape) for v in model.trainable_weights)
+    return int(model.count_params()), int(trainable)
 
 
 def keras_of(model) -> str:
@@ -91,6 +100,7 @@ class Measurement:
     (``"3"`` or ``"2"``). ``peak_bytes`` is the GPU allocator's peak (``tf.config.experimental.get_memory_info``)
     on GPU; on CPU the increase of the process's maximum resident set (``ru_maxrss``)
     over the run, which includes TensorFlow's own allocations; None if neither is known.
+    ``params`` counts all the model's parameters, ``trainable_params`` its trainable ones.
     """
 
     step_seconds: float
@@ -105,6 +115,7 @@ class Measurement:
     peak_bytes: int | None
     peak_source: str | None
     keras: str = "3"
+    trainable_params: int | None = None
 
 
 class _Clock:
@@ -241,9 +252,11 @@ def measure_step_time(
     else:
         rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         peak, source = max(0, rss_after - rss_before), "process max RSS increase (CPU, includes TensorFlow)"
+    params, trainable = param_counts(net)
     return Measurement(
         step_seconds=step_seconds,
-        params=int(net.count_params()),
+        params=params,
+        trainable_params=trainable,
         steps=clock.timed,
         grad_accum_steps=grad_accum_steps,
         warmup=clock.warmup,  # the warm-up steps that ran (at least two)

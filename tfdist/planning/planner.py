@@ -9,10 +9,11 @@ The formulas (see docs/plan.md for a worked example):
   steps per epoch = samples // global batch (the remainder is dropped each epoch);
   total steps = epochs x steps per epoch. A step is one optimizer update.
 * memory per replica = weights (params x 4) + 16-bit weight copies (params x 2, mixed
-  precision only) + gradients (params x 4) + accumulator (params x 4, when
-  grad_accum_steps > 1) + optimizer slots (slots x params x 4) + activations
-  (bytes per sample x micro batch).
-* checkpoint bytes = params x 4 x (1 + optimizer_slots) + CHECKPOINT_OVERHEAD_BYTES;
+  precision only) + gradients (trainable x 4) + accumulator (trainable x 4, when
+  grad_accum_steps > 1) + optimizer slots (slots x trainable x 4) + activations
+  (bytes per sample x micro batch), where trainable is the trainable parameters (all of
+  them unless known: BatchNormalization's moving statistics, for one, are not).
+* checkpoint bytes = params x 4 + trainable x 4 x optimizer_slots + CHECKPOINT_OVERHEAD_BYTES;
   required write bandwidth = checkpoint bytes / stall window.
 * Young/Daly interval = sqrt(2 x checkpoint write seconds x MTBF); work lost per failure
   = min(interval, training seconds) / 2 + restart seconds.
@@ -129,6 +130,8 @@ class Plan:
       grad_accum_steps: micro batches whose gradients make one optimizer step.
       nodes, gpus_per_node: the replicas are nodes x gpus_per_node.
       params: trainable and non-trainable parameters of the model (None: unknown).
+      trainable_params: the trainable ones among them, which have gradients and optimizer
+        slots (None: all of them; counted when the model is given by name or path).
       model: the model name or path the parameters came from, for the report.
       optimizer_slots: float32 values the optimizer keeps per parameter (Adam: 2, SGD: 0).
       precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
@@ -157,6 +160,7 @@ class Plan:
     nodes: int = 1
     gpus_per_node: int = 1
     params: int | None = None
+    trainable_params: int | None = None
     model: str | None = None
     optimizer_slots: int = 2
     precision: str = "float32"
@@ -176,6 +180,12 @@ class Plan:
         for name in ("samples", "micro_batch_size", "epochs", "grad_accum_steps", "nodes", "gpus_per_node"):
             check_int(name, getattr(self, name))
         _checks.check_optional_int("params", self.params, error=PlanError)
+        _checks.check_optional_int("trainable_params", self.trainable_params, error=PlanError, minimum=0)
+        if self.trainable_params is not None and (self.params is None or self.trainable_params > self.params):
+            raise PlanError(
+                f"Invalid `trainable_params`; received trainable_params={self.trainable_params}, "
+                f"params={self.params}. Fix: give the model's parameter count too, no smaller than its trainable ones."
+            )
         check_int("optimizer_slots", self.optimizer_slots, minimum=0)
         check_keras(self.keras)
         _checks.check_choice("precision", self.precision, PRECISIONS, error=PlanError)
@@ -242,27 +252,33 @@ class Plan:
         """Bytes per replica; None when the parameter count is unknown."""
         if self.params is None:
             return None
-        p = self.params
+        p, t = self.params, self.trained_params
         activations = self.activation_bytes
         return Memory(
             weights_bytes=p * BYTES_PER_PARAM,
             weight_copies_bytes=p * 2 if self.precision != "float32" else 0,
-            gradients_bytes=p * BYTES_PER_PARAM,
-            accumulator_bytes=p * BYTES_PER_PARAM if self.grad_accum_steps > 1 else 0,
-            optimizer_bytes=self.optimizer_slots * p * BYTES_PER_PARAM,
+            gradients_bytes=t * BYTES_PER_PARAM,
+            accumulator_bytes=t * BYTES_PER_PARAM if self.grad_accum_steps > 1 else 0,
+            optimizer_bytes=self.optimizer_slots * t * BYTES_PER_PARAM,
             activations_bytes=None if activations is None else int(round(activations * self.micro_batch_size)),
         )
 
     @property
+    def trained_params(self) -> int | None:
+        """The parameters with gradients and optimizer slots: the trainable ones, all if unknown."""
+        return self.params if self.trainable_params is None else self.trainable_params
+
+    @property
     def gradient_bytes(self) -> int | None:
         """Bytes all-reduced per optimizer step (float32 gradients, also under mixed precision)."""
-        return None if self.params is None else self.params * BYTES_PER_PARAM
+        return None if self.params is None else self.trained_params * BYTES_PER_PARAM
 
     @property
     def checkpoint_bytes(self) -> int | None:
         if self.params is None:
             return None
-        return self.params * BYTES_PER_PARAM * (1 + self.optimizer_slots) + CHECKPOINT_OVERHEAD_BYTES
+        slots = self.trained_params * self.optimizer_slots
+        return (self.params + slots) * BYTES_PER_PARAM + CHECKPOINT_OVERHEAD_BYTES
 
     @property
     def required_write_bytes_per_sec(self) -> float | None:
@@ -434,6 +450,7 @@ def plan(
     global_batch_size: int | None = None,
     max_micro_batch_size: int | None = None,
     params: int | str | None = None,
+    trainable_params: int | str | None = None,
     model: str | None = None,
     input_shape: Sequence[int] | None = None,
     num_classes: int | None = None,
@@ -457,7 +474,9 @@ def plan(
     Give the batch as ``micro_batch_size`` (with ``grad_accum_steps``, default 1), or as a
     target ``global_batch_size`` -- with ``max_micro_batch_size`` the smallest number of
     accumulation steps that fits is solved for. Give the model as ``params`` or ``model``
-    (a built-in name or a saved-model path, whose parameters are counted with TensorFlow).
+    (a built-in name or a saved-model path, whose parameters, all and trainable, are counted
+    with TensorFlow); with ``params``, ``trainable_params`` says how many of them are trainable
+    (have gradients and optimizer slots; default all).
     Give ``step_time`` (seconds of one replica's train step on one micro batch) or
     ``measure=True`` for a short real run of ``model``. ``keras`` is the Keras that builds,
     loads and measures ``model``: ``"3"`` (Keras 3, ``import keras``, the default: timed in
@@ -468,6 +487,8 @@ def plan(
     """
     samples = parse_count(samples, name="samples") if isinstance(samples, str) else samples
     params = parse_count(params, name="params") if isinstance(params, str) else params
+    if isinstance(trainable_params, str):
+        trainable_params = parse_count(trainable_params, name="trainable_params")
     for name, value in (("samples", samples), ("nodes", nodes), ("gpus_per_node", gpus_per_node)):
         check_int(name, value)
     batch_args = (
@@ -486,6 +507,11 @@ def plan(
         raise PlanError(
             f"Conflicting `params` and `model`; received params={params!r}, model={model!r}. Fix: pass one of them."
         )
+    if trainable_params is not None and model is not None:
+        raise PlanError(
+            f"Conflicting `trainable_params` and `model`; received trainable_params={trainable_params!r}, "
+            f"model={model!r}. Fix: leave trainable_params out; the model's trainable parameters are counted."
+        )
     if step_time is not None and measure:
         raise PlanError(
             f"Conflicting `step_time` and `measure`; received step_time={step_time!r}, measure=True. "
@@ -501,7 +527,8 @@ def plan(
         bandwidth = parse_bytes(write_bandwidth, name="write_bandwidth", per_second=True)
     fields = dict(
         samples=samples, epochs=epochs, micro_batch_size=micro, grad_accum_steps=accum, nodes=nodes,
-        gpus_per_node=gpus_per_node, params=params, model=model, optimizer_slots=optimizer_slots,
+        gpus_per_node=gpus_per_node, params=params, trainable_params=trainable_params, model=model,
+        optimizer_slots=optimizer_slots,
         precision=precision, keras=keras,
         activation_bytes=None if activation_bytes is None else parse_bytes(activation_bytes, name="activation_bytes"),
         step_time=None if step_time is None else parse_duration(step_time, name="step_time"),
@@ -522,7 +549,7 @@ def plan(
             num_classes=num_classes, keras=keras,
         )
         fields.update(
-            params=m.params, step_time=m.step_seconds / accum, step_time_source="measured",
+            params=m.params, trainable_params=m.trainable_params, step_time=m.step_seconds / accum, step_time_source="measured",
             measured_peak_bytes=m.peak_bytes, measured_peak_source=m.peak_source,
         )
         if fields["activation_bytes"] is None and m.device.startswith("GPU") and m.peak_bytes is not None:
@@ -530,7 +557,6 @@ def plan(
             fields["activation_bytes"] = max(0, m.peak_bytes - static) / micro  # GPU:0 holds one replica
         result = Plan(**fields)
     elif model is not None:
-        result = dataclasses.replace(
-            result, params=builtin_params(model, input_shape=input_shape, num_classes=num_classes, keras=keras)
-        )
+        total, trainable = builtin_params(model, input_shape=input_shape, num_classes=num_classes, keras=keras)
+        result = dataclasses.replace(result, params=total, trainable_params=trainable)
     return result

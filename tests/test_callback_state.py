@@ -419,3 +419,31 @@ def test_tf_keras_tensorboard_batch_steps_go_on_from_the_resumed_step(tmp_path):
         tfdist.fit(build, data, callbacks=[crash_after(9, "tf_keras")], **options)
     resumed = tfdist.fit(build, data, callbacks=[Steps()], **options)
     assert resumed.tfdist.start_step == 8 and seen == list(range(9, 13))
+
+
+@pytest.mark.parametrize("keras_name", KERASES)
+def test_a_resumed_epoch_calls_callbacks_with_the_uninterrupted_runs_epoch_and_batch(tmp_path, keras_name):
+    # What README tells users to key their own callbacks' records by.
+    keras, build, data = _small(keras_name)
+
+    class Calls(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.calls.append((self.epoch, batch))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+    options = dict(epochs=2, batch_size=8, seed=1, strategy="one_device", verbose=0, save_every_steps=4)
+    reference = Calls()
+    tfdist.fit(build, data, callbacks=[reference], checkpoint_dir=str(tmp_path / "ref"), **options)
+    assert reference.calls == [(e, b) for e in range(2) for b in range(6)]
+    with pytest.raises(Crash):
+        tfdist.fit(build, data, callbacks=[crash_after(9, keras_name)], checkpoint_dir=str(tmp_path / "ckpt"),
+                   **options)
+    resumed = Calls()
+    history = tfdist.fit(build, data, callbacks=[resumed], checkpoint_dir=str(tmp_path / "ckpt"), **options)
+    assert history.tfdist.start_step == 8 and resumed.calls == reference.calls[8:]

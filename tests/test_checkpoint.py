@@ -278,9 +278,11 @@ def _fit(directory, data=None, **kwargs):
     return tfdist.fit(_tiny, data if data is not None else (_X, _Y), **options)
 
 
-def test_fit_ends_its_background_writer_so_that_a_notebook_kernel_frees_each_model(tmp_path):
+def test_fit_ends_its_background_writer_so_that_a_notebook_kernel_frees_each_model(tmp_path, monkeypatch):
     # TensorFlow's async writer thread waits for saves until the process exits, and its atexit
-    # hook holds the model: one thread and one model per fit in a kernel that runs many.
+    # hook holds the model: one thread and one model per fit in a kernel that runs many. And
+    # TensorFlow counts the traces of each fit's writer's copy function together: from the
+    # fifth fit on it warned of "excessive retracing".
     import gc
     import threading
     import weakref
@@ -288,6 +290,12 @@ def test_fit_ends_its_background_writer_so_that_a_notebook_kernel_frees_each_mod
     def writers():
         return [t for t in threading.enumerate() if "async_save" in t.name]
 
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    traces = []  # (function, warning omitted): TensorFlow warns at most twice a process, so ask its detector
+    detector = polymorphic_function._frequent_tracing_detector_manager
+    monkeypatch.setattr(type(detector), "called_with_tracing",
+                        lambda self, key, function, omit: traces.append((getattr(function, "__name__", ""), omit)))
     before = len(writers())
     models = []
     for i in range(2):
@@ -297,6 +305,8 @@ def test_fit_ends_its_background_writer_so_that_a_notebook_kernel_frees_each_mod
     gc.collect()
     assert len(writers()) == before
     assert [ref() for ref in models] == [None, None]
+    copies = [omit for name, omit in traces if name == "_copy_to_cpu"]
+    assert copies and all(copies)
 
 
 def test_an_error_inside_fit_lets_the_save_in_flight_finish_before_it_propagates(tmp_path):

@@ -321,6 +321,7 @@ class Checkpointer:
         except Exception as e:
             self._in_flight = None
             raise _save_failed(self.directory, e) from e
+        _quiet_copy_tracing(self.root)
         if self.is_chief:
             try:
                 layout.write_metadata(path, metadata)
@@ -683,6 +684,16 @@ def _expect_partial(error: BaseException) -> None:
             if hasattr(value, "expect_partial_attr"):  # _CheckpointRestoreCoordinator
                 value.expect_partial = True
         traceback = traceback.tb_next
+
+
+def _quiet_copy_tracing(root) -> None:
+    """Silences TensorFlow's "excessive retracing" warning for the copy function of ``root``'s
+    async writer (a private attribute, read defensively). Each ``fit`` has its own writer, whose
+    copy is traced once; TensorFlow counts traces by the code, not the object, so from the fifth
+    ``fit`` in a notebook it warned of a retracing loop that is not there."""
+    copy = getattr(getattr(root, "_async_checkpointer_impl", None), "_copy_to_cpu", None)
+    if copy is not None and hasattr(copy, "_omit_frequent_tracing_warning"):
+        copy._omit_frequent_tracing_warning = True
 
 
 def _end_async_writer(root) -> None:

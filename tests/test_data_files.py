@@ -248,6 +248,27 @@ def test_the_index_is_cached_next_to_the_data_or_in_the_cache_dir(tmp_path, monk
     assert data.TFRecordSource(paths, parse_ids, cache_dir=str(tmp_path / "ckpt")).counts == [40, 61]
 
 
+def test_a_file_rewritten_to_the_same_size_with_other_records_is_indexed_again(tmp_path):
+    # The index was keyed by name and size: a rewritten file of the same size kept its old count,
+    # so a resume was accepted and training then ran out of records with a TensorFlow traceback.
+    import tensorflow as tf
+
+    path = str(tmp_path / "a.tfrecord")
+
+    def write(payloads):
+        with tf.io.TFRecordWriter(path) as w:
+            for payload in payloads:
+                w.write(payload)
+
+    write([b"x" * 10] * 4)  # 4 x (16 + 10) = 104 bytes
+    assert data.TFRecordSource([path], parse_ids).counts == [4]
+    size, mtime = os.path.getsize(path), os.stat(path).st_mtime_ns
+    write([b"y" * 36] * 2)  # 2 x (16 + 36) = 104 bytes
+    os.utime(path, ns=(mtime + 10**9, mtime + 10**9))  # however coarse the filesystem's clock
+    assert os.path.getsize(path) == size
+    assert data.TFRecordSource([path], parse_ids).counts == [2]
+
+
 def test_records_are_reached_through_byte_offsets(tmp_path):
     import tensorflow as tf
 

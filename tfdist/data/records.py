@@ -10,7 +10,7 @@ it uses.
 
 The index is a JSON file, ``.tfdist-index.json`` next to the data, or in a cache
 directory (``cache_dir=``) when the data directory is read-only. Entries are keyed by file
-name and size: a file whose size changed is scanned again. Only ``tf.io.gfile`` touches
+name, size and modification time: a file changed since is scanned again. Only ``tf.io.gfile`` touches
 files, so any TensorFlow filesystem works (``gs://``, ``hdfs://``, ``ram://``).
 """
 
@@ -65,12 +65,19 @@ def _dirname(path: str) -> str:
 
 
 def file_size(path: str) -> int:
+    return file_stat(path)[0]
+
+
+def file_stat(path: str) -> tuple[int, int]:
+    """``(size in bytes, modification time in ns)`` of a data file (the time is 0 where the
+    filesystem keeps none)."""
     import tensorflow as tf
 
     try:
-        return int(tf.io.gfile.stat(path).length)
+        stat = tf.io.gfile.stat(path)
     except tf.errors.OpError as e:
         raise DataError(f"cannot read a data file; received {path!r} ({type(e).__name__}). Fix: check the path and its permissions.") from None
+    return int(stat.length), int(stat.mtime_nsec)
 
 
 def mark_bytes(size: int) -> int:
@@ -256,9 +263,11 @@ class IndexCache:
 def index_files(
     paths: Sequence[str], *, cache_dir: str | None = None, compression: str = "", counts: Sequence[int] | None = None
 ) -> list[FileIndex]:
-    """The index of every file: from the cache when its size matches, else scanned (and cached)."""
+    """The index of every file: from the cache when its size and modification time match, else
+    scanned (and cached)."""
     cache = IndexCache(cache_dir)
-    sizes = [file_size(p) for p in paths]
+    stats = [file_stat(p) for p in paths]
+    sizes = [size for size, _ in stats]
     by_dir: dict[str, list[int]] = {}
     for i, p in enumerate(paths):
         by_dir.setdefault(_dirname(p), []).append(i)
@@ -271,11 +280,11 @@ def index_files(
         started = time.monotonic()
         for i in members:
             name, entry = _basename(paths[i]), cached.get(_basename(paths[i]))
-            if _valid(entry, sizes[i], compression):
+            if _valid(entry, stats[i], compression):
                 result[i] = FileIndex(paths[i], sizes[i], int(entry["records"]), tuple(entry["marks"]), tuple(entry["offsets"]))
             else:
                 result[i] = scan(paths[i], sizes[i], compression=compression)
-                fresh[name] = dict(result[i].as_entry(), compression=compression)
+                fresh[name] = dict(result[i].as_entry(), compression=compression, mtime_ns=stats[i][1])
         if fresh:
             where = cache.write(data_dir, fresh)
             log.info("indexed %d TFRecord file(s) in %s (%.1f s)%s", len(fresh), data_dir, time.monotonic() - started,
@@ -293,8 +302,12 @@ def index_files(
     return result  # type: ignore[return-value]
 
 
-def _valid(entry, size: int, compression: str) -> bool:
-    return (isinstance(entry, dict) and entry.get("size") == size and entry.get("compression", "") == compression
+def _valid(entry, stat: tuple[int, int], compression: str) -> bool:
+    """Whether a cached entry still describes the file: a file rewritten in place, even to the
+    same size (other records), has another modification time, and is scanned again."""
+    size, mtime_ns = stat
+    return (isinstance(entry, dict) and entry.get("size") == size and entry.get("mtime_ns") == mtime_ns
+            and entry.get("compression", "") == compression
             and isinstance(entry.get("records"), int) and isinstance(entry.get("marks"), list)
             and isinstance(entry.get("offsets"), list) and len(entry["marks"]) == len(entry["offsets"]) >= 1)
 

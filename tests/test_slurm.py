@@ -113,6 +113,25 @@ def test_bad_tfdist_slurm_jobs_is_refused(srun, jobs, fragment):
     assert fragment in str(raised.value) and "Fix:" in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "rank, extra, fragment",
+    [
+        (0, {env.TFDIST_PORT_BASE: "abc"}, "invalid TFDIST_PORT_BASE; received 'abc'"),
+        (0, {env.SLURM_STEP_NODELIST: "node[1-"}, "invalid node list; received 'node[1-'"),
+        (0, {env.SLURM_STEP_TASKS_PER_NODE: "x"}, "invalid SLURM_STEP_TASKS_PER_NODE; received 'x'"),
+        ("abc", {}, "invalid SLURM_PROCID; received 'abc'"),
+        (5, {}, "invalid SLURM_PROCID; received '5'. Fix: the step has 4 task(s), ranks 0 to 3"),
+    ],
+)
+def test_a_malformed_slurm_environment_is_one_line_naming_the_variable(srun, rank, extra, fragment):
+    # These were tracebacks (int() of the text, TensorFlow's node-list parser), or, for a rank
+    # outside the step, an error about TF_CONFIG's "task" key.
+    with pytest.raises(ClusterConfigError) as raised:
+        srun(rank, **extra)
+    message = str(raised.value)
+    assert message.startswith("Slurm: ") and fragment in message and "Fix:" in message and "\n" not in message
+
+
 def test_a_ps_job_without_chief_is_refused_like_a_tf_config(srun):
     with pytest.raises(ClusterConfigError, match="chief"):
         srun(0, **{env.TFDIST_SLURM_JOBS: "worker:3,ps:1"})

@@ -291,16 +291,40 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
             env.TFDIST_SLURM_JOBS, "number of tasks", jobs_raw,
             f"the roles must add up to the {num_tasks} tasks of the srun step.",
         )
-    port_base = int(env.get(env.TFDIST_PORT_BASE, environ) or env.DEFAULT_SLURM_PORT_BASE)
-    hosts = slurm.expand_hostlist(nodelist)
-    per_node = slurm.expand_tasks_per_node(tasks_per_node)
+    port_text = env.get(env.TFDIST_PORT_BASE, environ) or str(env.DEFAULT_SLURM_PORT_BASE)
+    if not port_text.isdigit():
+        raise config_error(
+            "Slurm", env.TFDIST_PORT_BASE, port_text,
+            f"set it to the first port of the tasks on each node, e.g. {env.DEFAULT_SLURM_PORT_BASE}, or unset it.",
+        )
+    port_base = int(port_text)
+    rank_text = env.get(env.SLURM_PROCID, environ)
+    if not rank_text.isdigit():
+        raise config_error("Slurm", env.SLURM_PROCID, rank_text, "run tfdist inside an srun step, which sets it.")
+    rank = int(rank_text)
+    if rank >= int(num_tasks):
+        raise config_error(
+            "Slurm", env.SLURM_PROCID, rank_text,
+            f"the step has {num_tasks} task(s), ranks 0 to {int(num_tasks) - 1}: run tfdist under srun, which sets "
+            f"{env.SLURM_PROCID} and {env.SLURM_STEP_NUM_TASKS} together.",
+        )
+    try:
+        hosts = slurm.expand_hostlist(nodelist)
+    except (ValueError, AssertionError):  # TensorFlow's parser asserts as well as raising
+        raise config_error("Slurm", "node list", nodelist, "run tfdist under srun, which sets SLURM_STEP_NODELIST.") from None
+    try:
+        per_node = slurm.expand_tasks_per_node(tasks_per_node)
+    except (ValueError, AssertionError):
+        raise config_error(
+            "Slurm", env.SLURM_STEP_TASKS_PER_NODE, tasks_per_node,
+            "run tfdist under srun, which sets it (e.g. '2(x3),1').",
+        ) from None
     addresses = [f"{host}:{port_base + slot}" for host, count in zip(hosts, per_node) for slot in range(count)]
     if len(addresses) != int(num_tasks):
         raise config_error(
             "Slurm", env.SLURM_STEP_TASKS_PER_NODE, tasks_per_node,
             f"it must place the {num_tasks} tasks of the step on {nodelist}; run tfdist under srun.",
         )
-    rank = int(environ[env.SLURM_PROCID])
     cluster: dict[str, tuple[str, ...]] = {}
     task_type, task_index, first = None, None, 0
     for role in sorted(jobs):

@@ -400,6 +400,8 @@ def program_parameter_server():
     if cluster.task_type != "chief":
         startup.serve(cluster)
         return None
+    import keras
+
     strategy = tfdist.make_strategy("parameter_server")
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     with keras3_loop.building_scope(strategy):
@@ -417,11 +419,43 @@ def program_parameter_server():
     counts = {}
     for name, *_ in recorder.calls:
         counts[name] = counts.get(name, 0) + 1
+    norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     return {"history": history.history, "iterations": int(model.optimizer.iterations.numpy()), "calls": counts,
-            "val_count": float(model.metrics_variables[1].numpy())}
+            "val_count": float(model.metrics_variables[1].numpy()),
+            "race_free_norms": [getattr(layer, "_tfdist_race_free", False) for layer in norms]}
 
 
 # --- the tests -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("race_free", [False, True])
+def test_batch_normalization_keeps_a_concurrent_update_of_its_moving_statistics(race_free):
+    # On parameter servers another worker updates the moving mean between this worker's read
+    # and its write. Keras' own assign(moving * m + batch * (1 - m)) writes over that update;
+    # tfdist's atomic increment of (1 - m) (batch - moving) keeps it.
+    import keras
+
+    layer = keras.layers.BatchNormalization(momentum=0.9)
+    x = np.arange(12, dtype="float32").reshape(4, 3)
+    layer.build(x.shape)
+    moments = layer._moments
+
+    def moments_while_another_worker_updates(inputs, mask):
+        layer.moving_mean.value.assign_add(np.full(3, 100.0, "float32"))  # after the layer read it
+        return moments(inputs, mask)
+
+    layer._moments = moments_while_another_worker_updates
+    if race_free:
+        keras3_loop._race_free_moving_statistics(layer)
+    layer(x, training=True)
+    batch = x.mean(axis=0)
+    own = 0.1 * batch  # 0.9 x 0 + 0.1 x batch
+    expected = 100.0 + own if race_free else own
+    np.testing.assert_allclose(layer.moving_mean.numpy(), expected, rtol=1e-6)
+    if race_free:  # the variance too; and other assigns (set_weights, restores) assign as before
+        np.testing.assert_allclose(layer.moving_variance.numpy(), 0.9 + 0.1 * x.var(axis=0), rtol=1e-6)
+        layer.set_weights([np.full(3, 2.0, "float32")] * 4)
+        assert np.array_equal(layer.moving_mean.numpy(), np.full(3, 2.0, "float32"))
 
 
 def _run(procs, *args, timeout=240, env=None):
@@ -529,6 +563,7 @@ def test_parameter_server_chief_two_workers_one_ps_trains(procs):
     assert loss[-1] < loss[0] and len(out["history"]["val_loss"]) == 4
     # Atomic increments: no update of the iteration count or the metric counts is lost to a race.
     assert out["iterations"] == 32 and out["val_count"] == 2 * GLOBAL_BATCH
+    assert out["race_free_norms"] == [True]  # and BatchNormalization's moving statistics' updates
     assert out["calls"]["train_batch_end"] == 16 and out["calls"]["test_batch_end"] == 8 and out["calls"]["epoch_end"] == 4
 
 

@@ -9,9 +9,11 @@ accumulates gradients exactly under every synchronous strategy (``accumulating_t
 
 Keras internals touched (pin Keras to the tested 3.15.x): ``Layer._flatten_layers`` (to find
 tf_keras layers inside a Keras 3 model); an instance-level rebinding of every variable's
-``_copy_trackable_to_cpu`` (asynchronous checkpoints, see ``_copy_to_cpu_once``); and, under
+``_copy_trackable_to_cpu`` (asynchronous checkpoints, see ``_copy_to_cpu_once``); under
 central_storage and parameter servers only, of ``assign_add``/``assign_sub`` on metric
-variables and the optimizer's iterations (see ``prepare``).
+variables and the optimizer's iterations (see ``prepare``); and, on parameter servers only,
+of ``BatchNormalization._moments`` and its moving statistics' ``assign``
+(``_race_free_moving_statistics``).
 """
 
 from __future__ import annotations
@@ -234,6 +236,9 @@ def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> Non
         _copy_to_cpu_once(variable)
     if kind in ("central_storage", "parameter_server"):
         _use_native_increments(model.optimizer.iterations)  # see prepare_metrics
+    if kind == "parameter_server":
+        for layer in model._flatten_layers(include_self=False):
+            _race_free_moving_statistics(layer)
 
 
 def prepare_metrics(model, *, strategy, sample: tuple) -> None:
@@ -317,6 +322,46 @@ def _use_native_increments(variable) -> None:
 
     variable.assign_add = assign_add
     variable.assign_sub = assign_sub
+
+
+def _race_free_moving_statistics(layer) -> None:
+    """Makes a BatchNormalization layer's moving statistics lose no update on parameter servers.
+
+    Keras 3 updates them as ``moving.assign(moving * m + batch * (1 - m))``: on a parameter
+    server, two workers' read-compute-writes race, and the later write undoes the earlier
+    (with 2 workers, about 1 update in 4 was lost, and the statistics lagged behind the
+    weights). Here the same update is one atomic ``assign_add`` of ``(1 - m) (batch - moving)``,
+    which is ``(1 - m) / m (batch - new)`` for the ``new`` value the layer assigns; the batch
+    statistics come from its ``_moments``. Other assigns (``set_weights``, a restore) are left as
+    they were. Renormalization and a momentum of 0 keep Keras' own update."""
+    import keras
+
+    if (not isinstance(layer, keras.layers.BatchNormalization) or layer.renorm or not layer.momentum
+            or getattr(layer, "_tfdist_race_free", False)):
+        return
+    moments, pending = layer._moments, {}
+
+    def batch_moments(inputs, mask):
+        pending["mean"], pending["variance"] = moments(inputs, mask)
+        return pending["mean"], pending["variance"]
+
+    def increment(variable, key):
+        assign = variable.assign
+
+        def assign_moving_average(value):
+            batch = pending.pop(key, None)
+            if batch is None:  # not the layer's own update
+                return assign(value)
+            momentum = layer.momentum
+            delta = (1.0 - momentum) / momentum * (batch - value)
+            return variable.value.assign_add(keras.ops.cast(delta, variable.value.dtype))
+
+        return assign_moving_average
+
+    layer._moments = batch_moments
+    layer.moving_mean.assign = increment(layer.moving_mean, "mean")
+    layer.moving_variance.assign = increment(layer.moving_variance, "variance")
+    layer._tfdist_race_free = True
 
 
 def random_state(model) -> dict[str, Any]:

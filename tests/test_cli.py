@@ -76,6 +76,27 @@ def test_a_usage_error_names_the_mistyped_option_with_or_without_a_command(argv,
     assert capsys.readouterr().err == f"tfdist: error: {named} Fix: see `tfdist --help`.\n"
 
 
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_a_seed_numpy_cannot_take_is_refused_in_one_line(seed, capsys):
+    # Was a 31-line NumPy traceback ("Seed must be between 0 and 2**32 - 1").
+    from tfdist.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--seed", seed])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert f"argument --seed: expected a whole number from 0 to 4294967295; received '{seed}'" in err
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True])
+def test_fit_refuses_a_seed_numpy_cannot_take(seed):
+    import tfdist
+    from tfdist.errors import DataError
+
+    with pytest.raises(DataError, match=r"Invalid `seed`; received seed=.*Fix: use an integer from 0 to 2\*\*32 - 1"):
+        tfdist.fit(lambda: None, "digits", seed=seed)
+
+
 def test_train_class_weight_and_validation_freq_flags_are_parsed_refused_in_one_line_and_used(tmp_path, capsys):
     import json
 

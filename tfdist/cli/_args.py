@@ -22,6 +22,16 @@ def nonnegative_int(text: str) -> int:
     return int(text)
 
 
+MAX_SEED = 2**32 - 1
+"""The largest seed NumPy takes (``np.random.seed``): seeds are 0 to 2**32 - 1."""
+
+
+def seed(text: str) -> int:
+    if not text.isdigit() or int(text) > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}; received {text!r}")
+    return int(text)
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -70,7 +70,8 @@ def register(subparsers) -> None:
     run.add_argument("--per-replica-batch-size", type=_args.positive_int, default=None, help="micro batch per replica")
     run.add_argument("--grad-accum-steps", type=_args.positive_int, default=1, help="micro batches accumulated per optimizer step")
     run.add_argument("--steps-per-epoch", type=_args.positive_int, default=None, help="optimizer steps per epoch (default: the whole data)")
-    run.add_argument("--seed", type=int, default=0, help="seed of Python, NumPy, TensorFlow and the data order (default 0)")
+    run.add_argument("--seed", type=_args.seed, default=0,
+                     help=f"seed of Python, NumPy, TensorFlow and the data order, 0 to {_args.MAX_SEED} (default 0)")
     run.add_argument("--deterministic", action="store_true", help="turn on TensorFlow's op determinism")
     run.add_argument("--output-dir", default=DEFAULT_OUTPUT_DIR, help=f"TensorBoard logs and checkpoints (default {DEFAULT_OUTPUT_DIR})")
     run.add_argument("--summary-json", default=None, metavar="PATH", help="write the run's summary as JSON (chief only)")

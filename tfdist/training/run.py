@@ -119,7 +119,7 @@ def fit(
     wall_start = time.monotonic()
     if y is not None:
         data = data_mod.with_labels(data, y)
-    _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks,
+    _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks, seed=seed,
                      validation_freq=validation_freq)
     options = _checkpoint_options(
         checkpoint_dir, save_every_steps=save_every_steps, save_every_seconds=save_every_seconds, keep=keep,
@@ -230,9 +230,12 @@ def _strategy_built_in(model: Any, strategy: Any) -> Any:
     )
 
 
-def _check_arguments(*, model, epochs, grad_accum_steps, callbacks, validation_freq) -> None:
+def _check_arguments(*, model, epochs, grad_accum_steps, callbacks, validation_freq, seed) -> None:
     """Refuses, before anything starts, what can never work."""
     _checks.check_int("epochs", epochs, error=DataError)
+    if seed is not None and (not _checks.is_int(seed) or not 0 <= seed <= 2**32 - 1):
+        raise DataError(f"Invalid `seed`; received seed={seed!r}. Fix: use an integer from 0 to 2**32 - 1 "
+                        "(NumPy's range), or None for a fresh one.")
     _checks.check_int("grad_accum_steps", grad_accum_steps, error=DataError)
     _checks.check_int("validation_freq", validation_freq, error=DataError,
                       fix="pass the number of epochs between validations, e.g. validation_freq=2.")

@@ -420,9 +420,19 @@ def program_parameter_server():
     for name, *_ in recorder.calls:
         counts[name] = counts.get(name, 0) + 1
     norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
-    return {"history": history.history, "iterations": int(model.optimizer.iterations.numpy()), "calls": counts,
-            "val_count": float(model.metrics_variables[1].numpy()),
-            "race_free_norms": [getattr(layer, "_tfdist_race_free", False) for layer in norms]}
+
+    class Lag(loop_mod.Hooks):  # executions scheduled but not run when the controller sees a step end
+        most = 0
+
+        def on_step_end(self, global_step):
+            Lag.most = max(Lag.most, global_step - int(model.optimizer.iterations.numpy()))
+
+    done = int(model.optimizer.iterations.numpy())
+    val_count = float(model.metrics_variables[1].numpy())
+    loop_mod.run_loop(model, strategy=strategy, train_data=train, steps_per_epoch=done + 60, epochs=1, verbose=0,
+                      start_step=done, hooks=Lag(), coordinator=coordinator)
+    return {"history": history.history, "iterations": done, "calls": counts, "val_count": val_count,
+            "race_free_norms": [getattr(layer, "_tfdist_race_free", False) for layer in norms], "lag": Lag.most}
 
 
 # --- the tests -----------------------------------------------------------------------------
@@ -564,6 +574,9 @@ def test_parameter_server_chief_two_workers_one_ps_trains(procs):
     # Atomic increments: no update of the iteration count or the metric counts is lost to a race.
     assert out["iterations"] == 32 and out["val_count"] == 2 * GLOBAL_BATCH
     assert out["race_free_norms"] == [True]  # and BatchNormalization's moving statistics' updates
+    # Scheduling waits once 4 executions per worker are queued, so that a preemption is acted on
+    # within a few steps, not after the rest of the epoch (all of it was queued at once).
+    assert 0 < out["lag"] <= 2 * 4 + 1
     assert out["calls"]["train_batch_end"] == 16 and out["calls"]["test_batch_end"] == 8 and out["calls"]["epoch_end"] == 4
 
 

@@ -175,6 +175,41 @@ class _Functions:
 # --- the loop --------------------------------------------------------------------------------
 
 
+class _ScheduledSteps:
+    """Bounds the executions scheduled ahead on parameter servers. ``ClusterCoordinator.schedule``
+    does not block, so the whole epoch was queued at once: a preemption (SIGTERM) or a due save
+    seen at the next step end then waited for the rest of the epoch and its validation (minutes,
+    past a pod's grace period. Here the loop waits for the oldest execution once ``PER_WORKER``
+    per worker are queued: enough to keep every worker busy. (tf_keras' own fit, which tfdist
+    runs for tf_keras models, was seen acting within a few dozen steps already.)"""
+
+    PER_WORKER = 4
+
+    def __init__(self, strategy, coordinator):
+        import collections
+
+        resolver = getattr(strategy, "cluster_resolver", None)
+        try:
+            workers = resolver.cluster_spec().num_tasks("worker")
+        except (AttributeError, ValueError):
+            workers = 1
+        self.limit = self.PER_WORKER * max(1, workers)
+        self._queue = collections.deque()
+        self._coordinator = coordinator
+
+    def add(self, remote_value) -> None:
+        import tensorflow as tf
+
+        self._queue.append(remote_value)
+        while len(self._queue) > self.limit:
+            try:
+                self._queue.popleft().fetch()  # waits for that execution (its outputs: empty, or a few metrics)
+            except tf.errors.CancelledError:  # another execution failed: join raises its error
+                self._coordinator.join()
+                raise
+
+
+
 def _floats(logs) -> dict:
     """Logs as Keras' ``fit`` gives them to callbacks and History: scalars as floats, and a dict
     inside them flattened into them (a ``train_step`` returning ``{m.name: m.result() for m in
@@ -282,6 +317,7 @@ def run_loop(
     history = next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
     model.stop_training = False
     iterator = iter(train_data)
+    in_flight = _ScheduledSteps(strategy, coordinator) if parameter_server else None
     step = start_step
     epoch_logs: dict = {}
     callback_list.on_train_begin()
@@ -300,7 +336,7 @@ def run_loop(
             n = min(steps_per_execution - begin % steps_per_execution, steps_per_epoch - begin)
             callback_list.on_train_batch_begin(begin)
             if parameter_server:
-                coordinator.schedule(functions.train(n), args=(iterator,))
+                in_flight.add(coordinator.schedule(functions.train(n), args=(iterator,)))
             else:
                 logs = functions.train(n)(iterator)
             step += n

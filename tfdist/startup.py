@@ -24,19 +24,35 @@ CHECK_SECONDS = 5.0
 
 
 class _RunEnd:
-    """Whether the parameter-server run a task serves is over: a complete checkpoint that was not
-    the newest one when the task started (a finished run started again for more epochs is not
-    over), and the chief no longer listening at two looks in a row (it exports the model from the
-    ps tasks after its last save). A serving task cannot tell a chief that finished from one
-    being restarted otherwise; where nothing stops it (compose, Kubernetes Jobs, Slurm), it would
-    serve until killed, holding its machine."""
+    """Whether the parameter-server run a task serves is over: the newest checkpoint is complete,
+    and either it was not the newest one when the task started (a finished run started again for
+    more epochs is not over) or a chief that started since has ended (its writer record says so:
+    a finished run started again, which trains nothing); and the chief is no longer listening at
+    two looks in a row (it exports the model from the ps tasks after its last save). A serving
+    task cannot tell a chief that finished from one being restarted otherwise; where nothing
+    stops it (compose, Kubernetes Jobs, Slurm), it would serve until killed, holding its machine.
+    Create it before the server starts: a chief can only claim the directory after that."""
 
     def __init__(self, cluster: ClusterSpec, directory: str):
         from tfdist.cluster import CHIEF
 
         self._directory, self._chief = directory, cluster.jobs[CHIEF][0]
         self._at_start = self._newest()
+        self._writer_at_start = self._writer()
         self._gone = 0
+
+    def _writer(self):
+        from tfdist.checkpoint import ownership
+
+        try:
+            return ownership.current(self._directory)
+        except Exception:  # noqa: BLE001 -- storage unreachable for a moment: not the end of the run
+            return None
+
+    def _chief_came_and_ended(self) -> bool:
+        writer = self._writer()
+        return (writer is not None and writer.ended_at is not None
+                and (self._writer_at_start is None or writer.token != self._writer_at_start.token))
 
     def _newest(self):
         from tfdist.checkpoint import layout
@@ -49,7 +65,7 @@ class _RunEnd:
 
     def over(self) -> bool:
         newest = self._newest()
-        if newest is None or not newest[2] or newest == self._at_start:
+        if newest is None or not newest[2] or (newest == self._at_start and not self._chief_came_and_ended()):
             self._gone = 0
             return False
         self._gone = 0 if _listening(self._chief) else self._gone + 1
@@ -68,6 +84,7 @@ def serve(cluster: ClusterSpec, *, checkpoint_dir: str | None = None) -> None:
         raise ClusterConfigError(
             f"Only ps and worker tasks serve; received task {cluster.task_name}. Fix: run training on the chief."
         )
+    end = _RunEnd(cluster, checkpoint_dir) if checkpoint_dir is not None else None
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster.training_jobs()),
         job_name=cluster.task_type,
@@ -86,7 +103,6 @@ def serve(cluster: ClusterSpec, *, checkpoint_dir: str | None = None) -> None:
         # Not server.join(): it waits in C++, where a Ctrl-C never reaches Python's handler. Short
         # sleeps: the OS may deliver the signal to one of TensorFlow's threads, which does not wake
         # this one; Python runs the handler when this thread next wakes.
-        end = _RunEnd(cluster, checkpoint_dir) if checkpoint_dir is not None else None
         next_check = time.monotonic() + CHECK_SECONDS
         while True:
             time.sleep(0.5)

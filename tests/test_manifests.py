@@ -399,6 +399,27 @@ def test_output_flag_writes_the_file_it_names(tmp_path, monkeypatch, capsys):
     assert "--output" in capsys.readouterr().err
 
 
+def test_output_replaces_only_a_file_tfdist_cluster_wrote(tmp_path, monkeypatch, capsys):
+    # It silently replaced any file, docker/Dockerfile included, with the document.
+    monkeypatch.chdir(tmp_path)
+    notes = tmp_path / "notes.yaml"
+    notes.write_text("my notes\n")
+    (tmp_path / "run.env").write_text("export A=1\n")
+    for argv in (["--format", "compose", "--output", "notes.yaml"], ["--output", "run.env"]):
+        assert main(["cluster", "--workers", "a:2222", *argv]) == 2
+        err = capsys.readouterr().err
+        assert "--output names a file tfdist cluster did not write" in err and err.count("\n") == 1
+    assert notes.read_text() == "my notes\n" and (tmp_path / "run.env").read_text() == "export A=1\n"
+    for fmt, name in (("compose", "Dockerfile"), ("compose", "c.json"), ("json", "c.yaml")):
+        assert main(["cluster", "--workers", "a:2222", "--format", fmt, "--output", name]) == 2
+        assert f"--output does not name a {fmt} file; received --output='{name}'" in capsys.readouterr().err
+    # What it wrote itself, it regenerates, JSON (no header) included.
+    for fmt, name in (("compose", "c.yaml"), ("json", "c.json"), ("env", "run2.env")):
+        for workers in ("a:2222", "a:2222,b:2222"):
+            assert main(["cluster", "--workers", workers, "--format", fmt, "--output", name]) == 0
+        assert "b:2222" in (tmp_path / name).read_text()
+
+
 def test_cluster_command_does_not_import_tensorflow():
     code = (
         "import sys; from tfdist.cli import cluster; from tfdist import manifests; "

@@ -75,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
         storage_class=args.storage_class,
         storage_size=args.storage_size,
     )
+    if args.output is not None:
+        refusal = _output_refusal(args.output, args.format)
+        if refusal:
+            sys.stderr.write(f"tfdist: error: {refusal}\n")
+            return EXIT_USAGE
     text = manifests.render(description, format=args.format, output=args.output)
     if args.format == "compose" and not os.path.isfile(manifests.DOCKERFILE):
         sys.stderr.write(
@@ -94,3 +99,24 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     return 0
+
+
+def _output_refusal(path: str, format: str) -> str | None:
+    """Why ``--output`` may not be written, or None: a name that does not fit the format, or an
+    existing file ``tfdist cluster`` did not write (a Dockerfile, someone's notes) -- it is never
+    replaced."""
+    suffixes = manifests.SUFFIXES.get(format)
+    if suffixes and not path.lower().endswith(suffixes):
+        return (f"--output does not name a {format} file; received --output={path!r} with --format {format}. "
+                f"Fix: name a file ending in {' or '.join(suffixes)}.")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is not None and (not text.strip() or manifests.generated(text)):
+        return None
+    return (f"--output names a file tfdist cluster did not write; received --output={path!r}. Fix: name a new "
+            "file, or move that one aside first; tfdist cluster replaces only the files it generated.")

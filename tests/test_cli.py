@@ -88,6 +88,23 @@ def test_a_seed_numpy_cannot_take_is_refused_in_one_line(seed, capsys):
     assert f"argument --seed: expected a whole number from 0 to 4294967295; received '{seed}'" in err
 
 
+@pytest.mark.parametrize("flag, path, reason", [
+    ("--output-dir", "afile", "(it is a file)"),
+    ("--output-dir", "afile/run", "('afile' is a file)"),
+    ("--checkpoint-dir", "afile", "(it is a file)"),
+])
+def test_an_output_or_checkpoint_directory_that_is_a_file_is_named_with_the_flag(flag, path, reason, tmp_path,
+                                                                                 monkeypatch, capsys):
+    # Was blamed on --save-model (a flag not passed), or named `checkpoint_dir`, "not writable (File exists)".
+    from tfdist.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    assert main(["train", "--epochs", "1", flag, path]) == 2
+    err = capsys.readouterr().err
+    assert f"the {flag} is not writable; received {flag}={path!r} {reason}" in err and "save-model" not in err
+
+
 @pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True])
 def test_fit_refuses_a_seed_numpy_cannot_take(seed):
     import tfdist

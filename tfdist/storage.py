@@ -309,12 +309,26 @@ def _write_probe(directory: str) -> str | None:
     """Why ``directory`` cannot be made or written to (after trying), or None."""
     probe = join(directory, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex[:8]}")
     try:
+        in_the_way = _file_in_the_way(directory)
+        if in_the_way is not None:
+            return "it is a file" if in_the_way == directory else f"{in_the_way!r} is a file"
         makedirs(directory)
         write_atomic(probe, b"")
         remove(probe)
     except Exception as e:  # noqa: BLE001 -- OSError locally, tf.errors.OpError elsewhere
         return getattr(e, "strerror", None) or describe(e)
     return None
+
+
+def _file_in_the_way(directory: str) -> str | None:
+    """``directory`` or the nearest of its parents that exists, if that is a file (not a folder)."""
+    path = directory.rstrip("/") or "/"
+    while not exists(path):
+        parent = dirname(path)
+        if not parent or parent == path:
+            return None
+        path = parent
+    return None if isdir(path) else path
 
 
 def task_scratch_dir(*, purpose: str, task_name: str, key: str) -> str:

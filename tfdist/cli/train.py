@@ -152,8 +152,12 @@ def run_command(args: argparse.Namespace) -> int:
     tf = _quiet.import_tensorflow()
     storage.check_supported(args.output_dir, what="--output-dir")
     storage.check_kept(args.output_dir, what="--output-dir")
+    if cluster.is_chief:  # its files and, by default, the checkpoints go there: name it if it cannot be
+        storage.check_writable(args.output_dir, what="--output-dir")
     if args.checkpoint_dir:
         storage.check_kept(args.checkpoint_dir, what="--checkpoint-dir")
+        if cluster.is_chief:
+            storage.check_writable(args.checkpoint_dir, what="--checkpoint-dir")
     if model_path is not None:
         storage.check_supported(model_path, what="--save-model")  # save_model checks again, as `path`: fail first
     from tfdist.checkpoint import layout

@@ -158,6 +158,13 @@ def test_human_units():
     for bad in ("10GB/s", "ten", "5 parsecs"):
         with pytest.raises(PlanError, match="Invalid `size`"):
             parse_bytes(bad, name="size")
+    # 25Gb/s is 25 gigabits a second in a network card's specification: it was read as gigabytes,
+    # an all-reduce 8x too fast. Refused; a size in lowercase stays bytes.
+    for ambiguous, fix in (("25Gb/s", "25Gbit/s for bits or 25GB/s"), ("10gib/s", "10Gibit/s for bits or 10GiB/s")):
+        with pytest.raises(PlanError, match=f"Ambiguous `link`; received link='{ambiguous}'.*Fix: write {fix}"):
+            parse_bytes(ambiguous, name="link", per_second=True)
+    assert parse_bytes("25gbit/s", name="x", per_second=True) == 25e9 / 8 and parse_bytes("500mb", name="x") == 500e6
+    assert main(["plan", "--samples", "1000", "--micro-batch", "10", "--link-bandwidth", "25Gb/s"]) == 2
     for bad in ("1.5", "lots", "2.5k3", "1e19", "1e99999999"):
         with pytest.raises(PlanError, match="Invalid `n`.*whole number up to 1e18"):
             parse_count(bad, name="n")

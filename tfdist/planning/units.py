@@ -25,7 +25,8 @@ def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = Fa
     """Bytes (or bytes/s) from a number or a size such as ``500MB``, ``1.5GiB``, ``10GB/s``, ``100Gbit/s``.
 
     ``k/M/G/T`` are powers of 1000, ``Ki/Mi/Gi/Ti`` powers of 1024; ``B`` (or nothing) means
-    bytes and ``bit`` bits.
+    bytes and ``bit`` bits. A bandwidth such as ``25Gb/s`` (a lowercase ``b`` after a prefix,
+    bits in network specifications) is refused as ambiguous.
     """
     if _checks.is_real(text):
         return float(text)
@@ -34,6 +35,12 @@ def parse_bytes(text: str | float, *, name: str = "value", per_second: bool = Fa
     if not match or (match.group(5) and not per_second):
         raise PlanError(f"Invalid `{name}`; received {name}={text!r}. Fix: use a size such as {example}, not negative.")
     prefix, unit = match.group(3) or "", match.group(4) or "b"
+    if per_second and prefix and re.search(r"i?b(/s)?$", str(text).strip()):  # 25Gb/s: bits, as network specs write it
+        shown = match.group(1) + (f"e{match.group(2)}" if match.group(2) else "") + prefix[0].upper() + prefix[1:]
+        raise PlanError(
+            f"Ambiguous `{name}`; received {name}={text!r}: a lowercase b after {prefix[0].upper()} means bits in "
+            f"network specifications, bytes here. Fix: write {shown}bit/s for bits or {shown}B/s for bytes."
+        )
     scale = _IEC[prefix] if prefix.endswith("i") else _SI[prefix]
     return _number(match.group(1), match.group(2)) * scale / (8 if unit.startswith("bit") else 1)
 

@@ -231,6 +231,15 @@ def test_an_error_raised_while_training_reads_is_raised_by_fit_as_the_datasets_o
     with pytest.raises(DataError, match=r"Ragged\[3\] holds 10 examples"):  # in validation, too
         _fit(batches(), validation_data=Ragged())
 
+    class Padded(Missing):  # each batch padded to its own longest sequence, as Keras' fit takes them
+        def __getitem__(self, index):
+            part = slice(index * 16, (index + 1) * 16)
+            return np.pad(X[part], ((0, 0), (0, index % 2))), Y[part]
+
+    with pytest.raises(DataError, match=r"Padded\[\d+\] x has examples of shape \(7,\), batch 0's have \(6,\): .*by "
+                                        r"example position.*Fix: pad every batch to one length .*tfdist pads per batch"):
+        _fit(Padded(), shuffle=False)
+
 
 def test_a_dataset_batch_the_replicas_do_not_divide_is_refused_with_the_fix():
     with pytest.raises(BatchSizeError, match=r"hold 16 examples, which replicas x grad_accum_steps = 3 .*Fix: pass "

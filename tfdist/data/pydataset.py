@@ -169,7 +169,10 @@ class PyDatasetSource:
         for path, leaf, first in zip(self._paths, leaves, self._leaves):
             if leaf.shape[1:] != first.shape[1:]:
                 raise DataError(f"{self.name}[{index}] {path} has examples of shape {leaf.shape[1:]}, batch 0's have "
-                                f"{first.shape[1:]}. Fix: return examples of one shape from every batch.")
+                                f"{first.shape[1:]}: tfdist reads a PyDataset by example position (a step may join "
+                                "rows of several batches), so its examples have one shape. Fix: pad every batch to one "
+                                "length in __getitem__ (keras.utils.pad_sequences(..., maxlen=N)), or pass a tf.data "
+                                "Dataset of unbatched examples, which tfdist pads per batch.")
         if size != self.batch_size and not (index == self.num_batches - 1 and size < self.batch_size):
             raise DataError(f"{self.name}[{index}] holds {size} examples, batch 0 holds {self.batch_size}. "
                             "Fix: give every batch the same size (only the last may be smaller).")

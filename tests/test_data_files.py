@@ -495,6 +495,13 @@ def test_feature_specs_parse_records_and_name_every_bad_field(tmp_path):
     with pytest.raises(DataError, match=r"do not fit the feature spec \(InvalidArgumentError: .*Feature: nolabel .*\); "
                                         r"received --features '.*spec\.json'\. Fix: give each feature"):
         train.sample(2)
+    # A decoded image's shape that does not hold its values: [4, 4, 2] for 16 bytes a record.
+    spec_path.write_text(json.dumps(dict(base, x=dict(raw, shape=[4, 4, 2]))))
+    train, _ = data.load(str(path), features=str(spec_path))
+    with pytest.raises(DataError, match=r"do not fit the feature spec \(x comes out of shape \(1, 4, 4, 2\) for 2 "
+                                        r"records\); received --features '.*spec\.json'\. Fix: give each feature") as info:
+        train.sample(2)
+    assert "parse_fn" not in str(info.value)
     spec_path.write_text("{not json")
     with pytest.raises(DataError, match="not valid JSON"):
         data.load(str(path), features=str(spec_path))

@@ -271,6 +271,13 @@ class TFRecordSource:
         for label, value in zip(("x", "y", "sample_weight"), element):
             for leaf in tf.nest.flatten(value):
                 if np.ndim(leaf) < 1 or np.shape(leaf)[0] != batch:
+                    spec_file = getattr(self.parse_fn, "spec_file", None)
+                    if spec_file:  # e.g. a decoded image's shape that does not hold its values
+                        raise DataError(
+                            f"the records of {self.name!r} do not fit the feature spec ({label} comes out of shape "
+                            f"{np.shape(leaf)} for {batch} records); received --features {spec_file!r}. Fix: give "
+                            "each feature's shape as one record holds it (a decoded image's shape holds its values)."
+                        )
                     raise DataError(
                         f"`parse_fn` must return batched tensors (first dimension = number of records); received {label} of "
                         f"shape {np.shape(leaf)} for {batch} records. Fix: use tf.io.parse_example (not parse_single_example)."

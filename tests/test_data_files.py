@@ -357,6 +357,22 @@ def test_a_record_failing_its_checksum_fails_the_run_naming_its_file(tmp_path):
             validation_data=data.load(digits["train"], features=digits["features"])[0])
 
 
+def test_a_data_file_deleted_while_training_fails_the_run_naming_it(tmp_path):
+    # Was TensorFlow's NotFoundError with a 40-line traceback (exit 1, not a data error's 2).
+    import keras
+
+    import tfdist
+
+    digits = write_digits(tmp_path / "digits")
+    source = data.load(digits["train"], features=digits["features"])[0]
+    os.remove(source.paths[1])  # after the source indexed it: as between two steps
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(DataError, match=r"a data file went away during training; received '.*train-00001.tfrecord', "
+                                        r"one of .*Fix: put it back"):
+        tfdist.fit(model, source, epochs=1, batch_size=32, strategy="one_device", verbose=0)
+
+
 def test_fingerprint_is_names_sizes_and_counts(tmp_path):
     a = write_records(tmp_path / "a", [20, 30])
     b = write_records(tmp_path / "b", [20, 30])  # the same files elsewhere: the data moved

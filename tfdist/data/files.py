@@ -197,10 +197,17 @@ class TFRecordSource:
     def failure_of(self, error: BaseException) -> DataError | None:
         """TensorFlow's ``corrupted record at N`` (a record failing its checksum, e.g. a file damaged
         in a copy), as a DataError naming the file: the one with a record at byte ``N`` that fails
-        when read again. ``None``: not a record of this source's files."""
+        when read again; or its ``NotFoundError`` for one of the files (deleted while training).
+        ``None``: not about this source's files."""
         import re
 
-        found = re.search(r"corrupted record at (\d+)", str(error))
+        text = str(error)
+        if "No such file" in text or type(error).__name__ == "NotFoundError":
+            gone = next((path for path in self.paths if path in text), None)
+            if gone is not None:
+                return DataError(f"a data file went away during training; received {gone!r}, one of {self.name}. "
+                                 "Fix: put it back, then run again (training resumes from its last checkpoint).")
+        found = re.search(r"corrupted record at (\d+)", text)
         if found is None or self.compression:  # compressed: the position is in the inflated stream
             return None
         reported = int(found.group(1))  # a record's start (its length failed) or its data's (12 bytes on)

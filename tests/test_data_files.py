@@ -357,6 +357,12 @@ def test_a_record_failing_its_checksum_fails_the_run_naming_its_file(tmp_path):
             validation_data=data.load(digits["train"], features=digits["features"])[0])
 
 
+def test_a_directory_given_as_a_data_file_is_named_as_one_with_a_glob_to_pass(tmp_path):
+    write_records(tmp_path / "d", [4])
+    with pytest.raises(DataError, match=r"a data file is a directory; received '.*d'\. Fix: .*'.*d/\*\.tfrecord'"):
+        data.TFRecordSource(str(tmp_path / "d"), parse_ids)
+
+
 def test_a_data_file_deleted_while_training_fails_the_run_naming_it(tmp_path):
     # Was TensorFlow's NotFoundError with a 40-line traceback (exit 1, not a data error's 2).
     import keras

@@ -163,6 +163,11 @@ def test_defects_are_named_with_the_fix(tmp_path, folder):
     (tmp_path / "flat" / "a.png").write_bytes(b"")
     with pytest.raises(DataError, match=r"no class subfolders.*Fix: put each class's images in its own subfolder"):
         ImageFolderSource(str(tmp_path / "flat"))
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "train-0.tfrecord").write_bytes(b"")
+    with pytest.raises(DataError, match=r"holds TFRecord files, not class subfolders of images; received '.*records'\. "
+                                        r"Fix: pass its files as a glob, '.*records/\*\.tfrecord'"):
+        ImageFolderSource(str(tmp_path / "records"))
     (tmp_path / "flat" / "cat").mkdir()
     with pytest.raises(DataError, match=r"holds no images.*classes \['cat'\].*Fix"):
         ImageFolderSource(str(tmp_path / "flat"))

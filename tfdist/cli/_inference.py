@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, data_help: str) -> tuple[A
     data = parser.add_argument_group("data")
     data.add_argument("--data", default="digits", metavar="DATA", nargs="+", help=data_help)
     data.add_argument("--features", default=None, metavar="SPEC",
-                      help="how to parse TFRecord --data: a JSON feature spec or tfds:NAME (as for tfdist train)")
+                      help="how to parse TFRecord --data: a JSON file of the feature spec, or tfds:NAME (as for tfdist train)")
     data.add_argument("--image-size", type=_args.image_size, default=None, metavar="HxW",
                       help="the size the images of a --data folder are resized to (default: the model's input size)")
     data.add_argument("--batch-size", type=_args.positive_int, default=None, help="global batch (default 32 per replica)")

@@ -52,7 +52,7 @@ def register(subparsers) -> None:
     model.add_argument("--image-size", type=_args.image_size, default=None, metavar="HxW",
                        help="the size every image of a --data folder is resized to, e.g. 180x180 (default 256x256)")
     model.add_argument("--features", default=None, metavar="SPEC",
-                       help="how to parse TFRecord --data: a JSON feature spec (x, y, num_classes; see tfdist.data.features) "
+                       help="how to parse TFRecord --data: a JSON file of the feature spec (x, y, num_classes; see tfdist.data.features) "
                        "or tfds:NAME (that data set's features)")
     model.add_argument("--validation-data", default=None, metavar="FILES", nargs="+",
                        help="TFRecord validation files (paths or a glob, quoted or not), parsed with --features; or, "

@@ -96,6 +96,12 @@ def _listing(directory: str, class_names: Sequence[str] | None) -> tuple[list[st
                             f"class_names={list(class_names)!r} (subfolders: {subdirs}). Fix: pass some of the "
                             "subfolders' names, each once, or leave class_names out for all of them.")
     elif not subdirs:
+        import tensorflow as tf
+
+        if any(name.endswith((".tfrecord", ".tfrecords", ".tfr")) for name in tf.io.gfile.listdir(directory)):
+            raise DataError(f"the folder holds TFRecord files, not class subfolders of images; received "
+                            f"{directory!r}. Fix: pass its files as a glob, '{directory.rstrip('/')}/*.tfrecord' "
+                            "(tfdist train: with --features SPEC.json).")
         raise DataError(f"the image folder has no class subfolders; received directory={directory!r}. Fix: put each "
                         "class's images in its own subfolder (directory/<class>/<image>), or pass labels=None (no "
                         "labels: to predict) or a list of labels, one per image.")

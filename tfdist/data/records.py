@@ -334,7 +334,10 @@ def expand(files: str | Iterable[str]) -> list[str]:
                 raise DataError(f"no file matches the data pattern; received files={pattern!r}. Fix: check the directory and the pattern.")
             paths.extend(matches)
         else:
-            if not tf.io.gfile.exists(pattern) or tf.io.gfile.isdir(pattern):
+            if tf.io.gfile.isdir(pattern):
+                raise DataError(f"a data file is a directory; received {pattern!r}. Fix: pass its files as a glob, e.g. "
+                                f"'{pattern.rstrip('/')}/*.tfrecord'.")
+            if not tf.io.gfile.exists(pattern):
                 raise DataError(f"no such data file; received {pattern!r}. Fix: pass existing TFRecord files or a glob.")
             paths.append(pattern)
     if len(set(paths)) != len(paths):

@@ -258,7 +258,7 @@ def _check_role(cluster: ClusterSpec) -> None:
     """The evaluator does not train: it runs ``tfdist train``'s sidecar."""
     if cluster.task_type == EVALUATOR:
         raise ModelError(
-            "tfdist.fit does not train on the evaluator task; received task evaluator:0. "
+            f"tfdist.fit does not train on the evaluator task; received task {cluster.task_name}. "
             "Fix: run `tfdist train` there (it evaluates each new checkpoint), or leave the evaluator out."
         )
 

@@ -420,6 +420,16 @@ def test_output_replaces_only_a_file_tfdist_cluster_wrote(tmp_path, monkeypatch,
         assert "b:2222" in (tmp_path / name).read_text()
 
 
+def test_a_deployment_flag_the_format_does_not_use_is_named_in_a_warning(capsys):
+    # --gpus with --format env was accepted in silence: a user may think GPUs were asked for.
+    assert main(["cluster", "--workers", "a:2222", "--gpus", "1", "--image", "r/x:1"]) == 0
+    assert "warning: --image, --gpus change nothing in --format env" in capsys.readouterr().err
+    assert main(["cluster", "--workers", "a:2222", "--namespace", "ns", "--format", "compose"]) == 0
+    assert "warning: --namespace changes nothing in --format compose" in capsys.readouterr().err
+    assert main(["cluster", "--workers", "a:2222", "--gpus", "1", "--format", "compose"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_cluster_command_does_not_import_tensorflow():
     code = (
         "import sys; from tfdist.cli import cluster; from tfdist import manifests; "

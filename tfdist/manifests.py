@@ -324,7 +324,20 @@ def command_line(description: JobDescription, *, format: str, output: str | None
     if description.evaluator is not None:
         argv += ["--evaluator", description.evaluator]
     argv += ["--format", format]
-    for flag, value, default in (
+    for flag, value in _deployment_flags(description):
+        argv += [flag, value]
+    if output is not None:
+        argv += ["--output", output]
+    return shlex.join(argv)
+
+
+_FLAGS_USED = {"env": (), "json": (), "compose": ("--image", "--command", "--name", "--gpus")}
+"""The deployment flags each format's document uses (k8s and tfjob: all of them)."""
+
+
+def _deployment_flags(description: JobDescription) -> list[tuple[str, str]]:
+    """(flag, value) of the deployment flags given another value than their default."""
+    flags = (
         ("--image", description.image, DEFAULT_IMAGE),
         ("--command", description.command, DEFAULT_COMMAND),
         ("--name", description.name, DEFAULT_NAME),
@@ -332,12 +345,14 @@ def command_line(description: JobDescription, *, format: str, output: str | None
         ("--gpus", str(description.gpus), "0"),
         ("--storage-class", description.storage_class, None),
         ("--storage-size", description.storage_size, DEFAULT_STORAGE_SIZE),
-    ):
-        if value != default:
-            argv += [flag, value]
-    if output is not None:
-        argv += ["--output", output]
-    return shlex.join(argv)
+    )
+    return [(flag, value) for flag, value, default in flags if value != default]
+
+
+def ignored_flags(description: JobDescription, *, format: str) -> list[str]:
+    """The deployment flags given that ``format``'s document does not use (e.g. --gpus with env)."""
+    used = _FLAGS_USED.get(format)
+    return [] if used is None else [flag for flag, _ in _deployment_flags(description) if flag not in used]
 
 
 def render(description: JobDescription, *, format: str, output: str | None = None) -> str:

@@ -81,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"tfdist: error: {refusal}\n")
             return EXIT_USAGE
     text = manifests.render(description, format=args.format, output=args.output)
+    ignored = manifests.ignored_flags(description, format=args.format)
+    if ignored:
+        verb = "changes" if len(ignored) == 1 else "change"
+        sys.stderr.write(f"tfdist: warning: {', '.join(ignored)} {verb} nothing in --format {args.format}: the "
+                         "document does not use it (docs/multi-host.md says which format uses which flag).\n")
     if args.format == "compose" and not os.path.isfile(manifests.DOCKERFILE):
         sys.stderr.write(
             f"tfdist: warning: no {manifests.DOCKERFILE} in {os.getcwd()}, which the compose file builds from. "

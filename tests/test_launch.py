@@ -201,6 +201,13 @@ def test_output_lines_are_prefixed_with_role_and_index(task_script):
     assert all(line.startswith("[worker:") for line in out_lines + err_lines)
 
 
+def test_evaluator_timeout_without_an_evaluator_is_named_in_a_warning(capsys):
+    from tfdist.cli import main
+
+    assert main(["launch", "--workers", "1", "--evaluator-timeout", "5", "--", sys.executable, "-c", "pass"]) == 0
+    assert "warning: --evaluator-timeout changes nothing without --evaluator" in capsys.readouterr().err
+
+
 # --- synchronous jobs -----------------------------------------------------------------------
 @pytest.mark.timeout(30)
 def test_a_task_that_fails_once_restarts_the_whole_cluster_on_fresh_ports(task_script, tmp_path):

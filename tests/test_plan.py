@@ -476,6 +476,11 @@ def test_saved_model_params_and_measured_step_time(tmp_path, keras_version):
     assert (counted.params, counted.trainable_params) == (p.params, trainable)
 
 
+def test_max_gpus_without_plot_is_named_in_a_warning(capsys):
+    assert main(["plan", "--samples", "100", "--micro-batch", "10", "--max-gpus", "8"]) == 0
+    assert "warning: --max-gpus changes nothing without --plot" in capsys.readouterr().err
+
+
 def test_trainable_params_bound_gradients_slots_and_the_checkpoint(capsys):
     p = plan(samples=1000, micro_batch_size=10, params="1M", trainable_params="900k", optimizer_slots=2)
     assert p.memory.weights_bytes == 4_000_000 and p.memory.gradients_bytes == 3_600_000

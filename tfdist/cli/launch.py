@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 _EPILOG = """\
 failure policy:
@@ -119,5 +120,9 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from tfdist.launch import Launcher
 
-    result = Launcher(options=options_from_args(args)).run()
+    options = options_from_args(args)
+    if args.evaluator_timeout != "600" and not args.evaluator:
+        sys.stderr.write("tfdist: warning: --evaluator-timeout changes nothing without --evaluator (there is no "
+                         "evaluator task to wait for).\n")
+    result = Launcher(options=options).run()
     return result.exit_code

@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import sys
 
 from tfdist.cli import _quiet
 from tfdist.errors import PlanError
@@ -358,6 +359,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:  # before a measurement, not after it
         _check_plot_path(args.plot)
     max_gpus = _option(args, "max_gpus", positive=True)
+    if max_gpus is not None and args.plot is None:
+        sys.stderr.write("tfdist: warning: --max-gpus changes nothing without --plot (it sets the plot's largest GPU "
+                         "count).\n")
     if args.measure or args.model:
         _quiet.import_tensorflow()
     p = _make_plan(args)

@@ -105,6 +105,21 @@ def test_an_output_or_checkpoint_directory_that_is_a_file_is_named_with_the_flag
     assert f"the {flag} is not writable; received {flag}={path!r} {reason}" in err and "save-model" not in err
 
 
+@pytest.mark.parametrize("flag", ["--checkpoint-dir", "--output-dir"])
+def test_a_checkpoint_given_as_a_directory_is_refused_before_anything_creates_it(flag, tmp_path, monkeypatch, capsys):
+    # The writability check made the folder runs/ckpt-40/, after which nothing saw a checkpoint
+    # there: a fresh run from step 0 started inside the run's checkpoint directory.
+    from tfdist.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "ckpt-40.index").write_bytes(b"")
+    assert main(["train", "--epochs", "1", flag, "runs/ckpt-40"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} names a checkpoint, not a directory; received {flag}='runs/ckpt-40'" in err
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ckpt-40.index"]
+
+
 @pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True])
 def test_fit_refuses_a_seed_numpy_cannot_take(seed):
     import tfdist

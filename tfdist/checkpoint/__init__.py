@@ -7,10 +7,11 @@ from tfdist.checkpoint.checkpointer import (
     CheckpointOptions,
     ResumePoint,
     TrainingState,
+    refuse_a_checkpoint_prefix,
     refuse_to_start_over,
 )
 from tfdist.checkpoint.layout import Metadata, RunMetadata
 
 __all__ = [
-    "Checkpointer", "CheckpointOptions", "ResumePoint", "TrainingState", "refuse_to_start_over", "Metadata", "RunMetadata",
+    "Checkpointer", "CheckpointOptions", "ResumePoint", "TrainingState", "refuse_a_checkpoint_prefix", "refuse_to_start_over", "Metadata", "RunMetadata",
 ]

@@ -110,12 +110,13 @@ def refuse_to_start_over(directory: str, *, what: str = "resume=False") -> None:
         )
 
 
-def _refuse_a_checkpoint_prefix(directory: str) -> None:
+def refuse_a_checkpoint_prefix(directory: str, *, what: str = "checkpoint_dir") -> None:
     """Raises CheckpointError if ``directory`` names a checkpoint (``DIR/ckpt-40``) rather than
-    the directory of the run: a fresh run would start there from step 0, without a word."""
+    the directory of the run: a fresh run would start there from step 0, without a word. Call
+    it before anything creates ``directory``."""
     if storage.exists(layout.index_path(directory)) and not storage.isdir(directory):
         raise CheckpointError(
-            f"checkpoint_dir names a checkpoint, not a directory; received checkpoint_dir={directory!r} "
+            f"{what} names a checkpoint, not a directory; received {what}={directory!r} "
             f"({storage.basename(directory)}.index is there). Fix: pass its directory "
             f"({storage.dirname(directory)}); to resume from this checkpoint rather than the latest, name it in the "
             "state file `checkpoint` there (see docs/ckpt.md, 'Rolling back')."
@@ -207,7 +208,7 @@ class Checkpointer:
                                         **({layout.CALLBACKS: callback_arrays} if callback_arrays else {}))
         self._restore_root = tf.train.Checkpoint(**children)
         self._metrics_root = tf.train.Checkpoint(**{layout.METRICS: self._metrics})
-        _refuse_a_checkpoint_prefix(options.directory)
+        refuse_a_checkpoint_prefix(options.directory)
         if not options.resume:  # every worker, so that none waits in a collective for a chief that refused
             refuse_to_start_over(options.directory)
         self._created_at = time.time()  # what the checkpoint directory holds from before is not this run's writing

@@ -152,11 +152,15 @@ def run_command(args: argparse.Namespace) -> int:
     tf = _quiet.import_tensorflow()
     storage.check_supported(args.output_dir, what="--output-dir")
     storage.check_kept(args.output_dir, what="--output-dir")
-    if cluster.is_chief:  # its files and, by default, the checkpoints go there: name it if it cannot be
-        storage.check_writable(args.output_dir, what="--output-dir")
+    from tfdist.checkpoint import refuse_a_checkpoint_prefix
+
+    refuse_a_checkpoint_prefix(args.output_dir, what="--output-dir")  # before anything creates it
     if args.checkpoint_dir:
         storage.check_kept(args.checkpoint_dir, what="--checkpoint-dir")
-        if cluster.is_chief:
+        refuse_a_checkpoint_prefix(args.checkpoint_dir, what="--checkpoint-dir")
+    if cluster.is_chief:  # name a directory that cannot be written with its flag (its files go there)
+        storage.check_writable(args.output_dir, what="--output-dir")
+        if args.checkpoint_dir:
             storage.check_writable(args.checkpoint_dir, what="--checkpoint-dir")
     if model_path is not None:
         storage.check_supported(model_path, what="--save-model")  # save_model checks again, as `path`: fail first

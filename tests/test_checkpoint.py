@@ -415,6 +415,7 @@ def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path, caplog)
         _fit(tmp_path, epochs=2, batch_size=30)
     message = str(info.value)
     assert "global_batch_size: checkpoint 20, this run 30" in message and "allow_changes=True" in message
+    assert "pass batch_size=20 (--batch-size 20: the command line's default is 32 per replica)" in message
     with pytest.raises(CheckpointMismatchError, match="data_fingerprint: .*300 examples.*300 examples.* -- the same "
                                                       "description, other first examples: the data changed, or it"):
         _fit(tmp_path, epochs=2, data=(_X[::-1].copy(), _Y[::-1].copy()))

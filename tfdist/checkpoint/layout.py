@@ -330,6 +330,10 @@ class RunMetadata:
                     hint = (" -- the same description, other first examples: the data changed, or it comes in "
                             "another order in each process (a tf.data.Dataset's unseeded shuffle(), files listed "
                             "unsorted), which no run can resume exactly: seed the shuffle, or leave it to tfdist")
+            if key == "global_batch_size" and isinstance(saved.raw.get(key), int):
+                hint = (f" -- to go on with the run's global batch on another number of replicas, pass "
+                        f"batch_size={saved.raw[key]} (--batch-size {saved.raw[key]}: the command line's default is "
+                        "32 per replica)")
             lines.append(f"{key}: checkpoint {theirs}, this run {ours}{hint}")
         return lines
 

@@ -374,6 +374,17 @@ def test_cli_without_measure_does_not_import_tensorflow():
     assert json.loads(result.stdout)["steps_per_epoch"] == 100
 
 
+@pytest.mark.parametrize("bad", [["--num-classes", "0"], ["--micro-batch", "0"], ["--measure", "--measure-steps", "0"]])
+def test_cli_refuses_a_bad_number_before_importing_tensorflow_for_a_model(bad):
+    # They were refused only after TensorFlow's import (10-20 s on a busy machine).
+    argv = ["plan", "--samples", "1000", "--micro-batch", "5", "--model", "cnn", *bad]
+    code = (f"import sys; from tfdist.cli import main; rc = main({argv!r}); "
+            "assert rc == 2, rc; assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("tfdist: error: Invalid `")
+
+
 def test_cli_bad_value_in_a_subprocess():
     result = subprocess.run(
         [sys.executable, "-m", "tfdist", "plan", "--samples", "1000", "--micro-batch", "0"],

@@ -363,6 +363,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("tfdist: warning: --max-gpus changes nothing without --plot (it sets the plot's largest GPU "
                          "count).\n")
     if args.measure or args.model:
+        # The checks that need no TensorFlow first: a bad number is refused at once, not after its import.
+        _make_plan(argparse.Namespace(**{**vars(args), "model": None, "measure": False}))
         _quiet.import_tensorflow()
     p = _make_plan(args)
     if args.plot:

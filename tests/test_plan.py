@@ -313,10 +313,11 @@ def test_cli_table_says_how_to_get_the_time(capsys):
 @pytest.mark.parametrize(
     "argv, name",
     [
-        (["--samples", "1000", "--micro-batch", "0"], "micro_batch_size"),
-        (["--samples", "1000", "--micro-batch", "-3"], "micro_batch_size"),
+        # In the command line's words, not plan()'s (micro_batch_size).
+        (["--samples", "1000", "--micro-batch", "0"], "--micro-batch"),
+        (["--samples", "1000", "--micro-batch", "-3"], "--micro-batch"),
         (["--samples", "ten", "--micro-batch", "2"], "--samples"),
-        (["--samples", "1000", "--global-batch", "30", "--micro-batch", "4"], "global_batch_size"),
+        (["--samples", "1000", "--global-batch", "30", "--micro-batch", "4"], "--global-batch"),
         (["--samples", "1000", "--micro-batch", "4", "--link-bandwidth", "fast"], "--link-bandwidth"),
         (["--micro-batch", "4"], "--samples"),
         # A negative value with a unit reaches tfdist's check (argparse took it for an option).
@@ -385,13 +386,25 @@ def test_cli_refuses_a_bad_number_before_importing_tensorflow_for_a_model(bad):
     assert result.stderr.startswith("tfdist: error: Invalid `")
 
 
+def test_the_error_docs_plan_shows_is_the_one_the_command_prints_in_its_flags(capsys):
+    import pathlib
+
+    argv = ["plan", "--samples", "1000", "--global-batch", "100", "--max-micro-batch", "4", "--nodes", "2",
+            "--gpus-per-node", "4"]
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert "`--global-batch`" in line and "(--nodes x --gpus-per-node)" in line and "--max-micro-batch=4" in line
+    docs = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "plan.md").read_text()
+    assert f"$ tfdist {' '.join(argv)}" in docs and line in docs
+
+
 def test_cli_bad_value_in_a_subprocess():
     result = subprocess.run(
         [sys.executable, "-m", "tfdist", "plan", "--samples", "1000", "--micro-batch", "0"],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0 and "micro_batch_size=0" in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "--micro-batch=0" in result.stderr
 
 
 _TIMED = ["--samples", "1000", "--micro-batch", "10", "--params", "1M", "--step-time", "10ms"]
@@ -417,7 +430,7 @@ def _one_line_error(capsys) -> str:
         ([*_TIMED, "--write-bandwidth", "1e400GB/s"], "--write-bandwidth='1e400GB/s'"),
         ([*_TIMED, "--activation-bytes", "1e400"], "--activation-bytes='1e400'"),
         ([*_TIMED, "--optimizer-slots", "1e1000"], "--optimizer-slots='1e1000'"),
-        ([*_TIMED, "--step-time", "1e300", "--epochs", "1e15"], "step_time=1e+300"),
+        ([*_TIMED, "--step-time", "1e300", "--epochs", "1e15"], "--step-time=1e+300"),
         ([*_TIMED, "--input-shape", "0,0"], "--input-shape='0,0'"),
         ([*_TIMED, "--input-shape=-1,8"], "--input-shape='-1,8'"),
         ([*_TIMED, "--num-classes", "0"], "--num-classes='0'"),

@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 from tfdist.cli import _quiet
@@ -127,6 +128,26 @@ def _check_plot_path(path: str) -> None:
     )
 
 
+_FLAGS = {  # plan()'s arguments whose flag is not their name with dashes
+    "micro_batch_size": "--micro-batch", "global_batch_size": "--global-batch",
+    "max_micro_batch_size": "--max-micro-batch", "restart_seconds": "--restart-time",
+}
+_ARGUMENTS = (
+    "samples", "epochs", "micro_batch_size", "grad_accum_steps", "global_batch_size", "max_micro_batch_size", "nodes",
+    "gpus_per_node", "trainable_params", "params", "measure_steps", "optimizer_slots", "activation_bytes", "step_time",
+    "stall_window", "mtbf", "write_bandwidth", "link_bandwidth", "restart_seconds", "model", "measure",
+)
+
+
+def _in_flags(message: str) -> str:
+    """A message of ``plan()`` in the command line's words: ``micro_batch_size`` -> ``--micro-batch``."""
+    for name in _ARGUMENTS:
+        flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
+        ends = "[`=,.) ]" if "_" in name else "[`=]| x "  # a plain word (samples, model) only where it is the argument
+        message = re.sub(rf"(?<![\w-]){name}(?={ends})", flag, message)
+    return message
+
+
 def _make_plan(args: argparse.Namespace) -> Plan:
     if args.samples is None:
         raise PlanError("Missing `--samples`; received none. Fix: pass --samples N, the training examples per epoch.")
@@ -141,6 +162,13 @@ def _make_plan(args: argparse.Namespace) -> Plan:
                 f"Invalid `--input-shape`; received --input-shape={args.input_shape!r}. "
                 "Fix: use positive integers and commas, e.g. 28,28,1."
             )
+    try:
+        return _plan_of(args, input_shape)
+    except PlanError as e:
+        raise PlanError(_in_flags(str(e))) from None
+
+
+def _plan_of(args: argparse.Namespace, input_shape) -> Plan:
     return plan(
         samples=_option(args, "samples"),
         epochs=_option(args, "epochs"),

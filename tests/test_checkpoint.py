@@ -656,6 +656,25 @@ def test_a_checkpoint_prefix_given_as_checkpoint_dir_is_refused_not_trained_into
     assert _tree_digest(tmp_path) == before
 
 
+def test_a_roll_back_to_a_checkpoint_keep_every_hours_kept_is_refused_not_ignored(tmp_path):
+    # The manager stops listing what keep_every_hours keeps: naming one in the state file was
+    # silently ignored, and the run went on from its latest checkpoint.
+    from tfdist.checkpoint import layout
+    from tfdist.errors import CheckpointError
+
+    _fit(tmp_path, epochs=1, keep=2, keep_every_hours=1e-9)
+    listed = layout.checkpoint_paths(str(tmp_path), listed_only=True)
+    assert [layout.step_of(p) for p in listed] == [12, 15] and (tmp_path / "ckpt-6.index").exists()
+    state = (tmp_path / "checkpoint").read_text()
+    (tmp_path / "checkpoint").write_text(state.replace('model_checkpoint_path: "ckpt-15"',
+                                                       'model_checkpoint_path: "ckpt-6"'))
+    before = _tree_digest(tmp_path)
+    with pytest.raises(CheckpointError, match=r"names ckpt-6 as its latest checkpoint, but does not list it "
+                                              r"\(keep_every_hours kept it.*Fix: to go on from it, copy its files"):
+        _fit(tmp_path, epochs=2, keep=2, keep_every_hours=1e-9)
+    assert _tree_digest(tmp_path) == before
+
+
 def test_the_latest_checkpoints_deleted_by_hand_leave_the_run_resuming_from_the_newest_one_left(tmp_path, caplog):
     from tfdist.checkpoint import layout
 

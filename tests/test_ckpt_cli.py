@@ -112,6 +112,23 @@ def test_list_reports_files_the_state_file_does_not_name_as_incomplete(copy, cap
     assert code == 0 and "incomplete" in out and "ckpt-10" in out and "ckpt-2 " in out
 
 
+def test_checkpoints_keep_every_hours_kept_are_listed_as_kept_and_verified(copy, capsys):
+    # TensorFlow's manager stops listing the checkpoints keep_every_hours keeps: they were shown
+    # as "incomplete" and never verified. Here the state file is written as the manager leaves it.
+    from tfdist.checkpoint import layout
+
+    layout.write_state(copy, [os.path.join(copy, "ckpt-6"), os.path.join(copy, "ckpt-8")])
+    code, out, _ = cli(capsys, "list", copy)
+    assert code == 0 and "kept by keep_every_hours (complete; TensorFlow's manager no longer lists them): 1" in out
+    assert "ckpt-4  step 4" in out and "incomplete" not in out
+    _, entries = cli_json(capsys, "list", copy)
+    assert [(e["global_step"], e["listed"], e["kept"], e["problem"]) for e in entries] == [
+        (6, True, False, None), (8, True, False, None), (4, False, True, None)]
+    code, out, _ = cli(capsys, "verify", copy, "--all")
+    assert code == 0 and [line.split()[1].rsplit("/", 1)[-1] for line in out.splitlines()] == [
+        "ckpt-4", "ckpt-6", "ckpt-8"]
+
+
 def test_list_json_names_each_entrys_files_and_a_replaced_checkpoint_by_a_pattern_of_them(copy, capsys):
     import glob
 

@@ -417,6 +417,16 @@ class Checkpointer:
         checkpoints up to that one (as TensorFlow's manager would have), before the manager reads it,
         so that its retention never deletes the later ones; they stay on disk, and a save of one of
         their steps moves the old files aside (``*.replaced-<stamp>``)."""
+        kept = layout.unlisted_latest(self.directory)
+        if kept is not None:
+            name = storage.basename(kept)
+            raise CheckpointError(
+                f"the state file of {self.directory!r} names {name} as its latest checkpoint, but does not list it "
+                f"(keep_every_hours kept it; the manager stops listing those); received model_checkpoint_path {name}. "
+                f"Fix: to go on from it, copy its files ({name}.*) into an empty directory and pass that as the "
+                "checkpoint_dir (a run resumes from the checkpoints it finds there); or name one of the listed "
+                "checkpoints. Nothing was changed."
+            )
         later = layout.rolled_back(self.directory)
         self._rolled_back = bool(later)
         if not later:

@@ -32,6 +32,8 @@ class CheckpointInfo:
       listed: whether the ``checkpoint`` state file names it, i.e. whether its save finished.
       problem: why it is not a usable checkpoint, or what is missing; None when nothing is seen wrong.
       files: the files that belong to it.
+      kept: a complete checkpoint older than every listed one, with its metadata: one that
+        ``keep_every_hours`` keeps (TensorFlow's manager stops listing those).
     """
 
     path: str
@@ -44,6 +46,7 @@ class CheckpointInfo:
     listed: bool
     problem: str | None
     files: tuple[str, ...]
+    kept: bool = False
 
     def to_json(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -221,14 +224,23 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
             elif not listed and storage.exists(layout.metadata_path(prefix)):
                 problem = (f"no readable state file `{layout.STATE_FILE}` names it: a run started here resumes from "
                            "the newest of these")
-            elif prefix in rolled_back:
+            elif prefix in rolled_back or (rolled_back and _older_than(listed[-1], prefix)):
                 problem = (f"after {storage.basename(listed[-1])}, which the state file names as its latest: a roll-back; "
                            "the next run moves it aside when it saves this step again")
+            elif _older_than(prefix, listed[0]) and storage.exists(layout.metadata_path(prefix)):
+                info = _info(prefix, listed=False, files=files)  # keep_every_hours: kept, no longer listed
+                leftovers.append(dataclasses.replace(info, kept=True, problem=None))
+                continue
             else:
                 problem = "not named in the state file (a save being committed, or one the manager stopped tracking)"
         info = _info(prefix, listed=False, problem=problem, files=files)
         leftovers.append(dataclasses.replace(info, path=path, saved_at=info.saved_at or _mtime(files)))
     return sorted(leftovers, key=lambda c: (c.global_step is None, c.global_step or 0, c.path))
+
+
+def _older_than(prefix: str, oldest_listed: str) -> bool:
+    step, oldest = layout.step_of(prefix), layout.step_of(oldest_listed)
+    return step is not None and oldest is not None and step < oldest
 
 
 def list_checkpoints(directory: str) -> list[CheckpointInfo]:
@@ -500,7 +512,8 @@ def verify_checkpoint(prefix: str) -> Verification:
 
 
 def verify(path: str, *, every: bool = False) -> tuple[list[Verification], list[CheckpointInfo]]:
-    """Verifies the latest checkpoint ``path`` names (every listed one with ``every``).
+    """Verifies the latest checkpoint ``path`` names (with ``every``, every listed one and those
+    ``keep_every_hours`` kept).
 
     Returns the results and the directory's incomplete leftovers (reported, not verified).
     A directory without a listed checkpoint but with leftovers gives one failed result per leftover."""
@@ -514,7 +527,9 @@ def verify(path: str, *, every: bool = False) -> tuple[list[Verification], list[
             if not leftovers:
                 raise _no_checkpoint_error(path, [])
             return [Verification(path=c.path, ok=False, problem=c.problem) for c in leftovers], []
-        prefixes = readable if every else readable[-1:]
+        kept = [c.path for c in leftovers if c.kept]
+        leftovers = [c for c in leftovers if not c.kept]
+        prefixes = kept + readable if every else readable[-1:]
     else:
         prefixes, leftovers = resolve(path), []
     return [verify_checkpoint(p) for p in prefixes], leftovers

@@ -242,6 +242,17 @@ def rolled_back(directory: str) -> list[str]:
     return paths[paths.index(latest) + 1:] if latest in paths else []
 
 
+def unlisted_latest(directory: str) -> str | None:
+    """The checkpoint the state file's ``model_checkpoint_path`` names when its list does not hold
+    it and it is of an earlier step than the list's last: an edit to roll back to a checkpoint
+    ``keep_every_hours`` kept (the manager stops listing those). None otherwise."""
+    latest, paths = _read_state(directory)
+    if latest is None or latest in paths or not paths:
+        return None
+    step, last = step_of(latest), step_of(paths[-1])
+    return latest if step is not None and last is not None and step < last else None
+
+
 def write_state(directory: str, paths: list[str]) -> None:
     """Writes the state file naming ``paths`` (oldest first, the last the latest) as
     ``tf.train.CheckpointManager`` writes it: names relative to ``directory``, atomically, with

@@ -89,7 +89,8 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps([e.to_json() for e in entries], indent=2))
         return 0
     listed = [e for e in entries if e.listed]
-    others = [e for e in entries if not e.listed]
+    kept = [e for e in entries if e.kept]
+    others = [e for e in entries if not e.listed and not e.kept]
     if listed:
         print(f"{len(listed)} checkpoint(s) in {storage.dirname(listed[0].path)}, oldest first:")
         rows = [["step", "epoch", "in epoch", "saved", "size", "run complete", "checkpoint"]]
@@ -103,6 +104,11 @@ def run_list(args: argparse.Namespace) -> int:
         print("\n".join("  " + line for line in _table(rows, right={0, 1, 2, 4})))
     else:
         print(f"no complete checkpoint in {args.directory} (no `checkpoint` state file naming one)")
+    if kept:
+        print(f"kept by keep_every_hours (complete; TensorFlow's manager no longer lists them): {len(kept)}")
+        for e in kept:
+            print(f"  {storage.basename(e.path)}  step {_text(e.global_step)}  {format_bytes(e.size_bytes)}  "
+                  f"{_when(e.saved_at)}")
     if others:
         print(f"incomplete (not named in the state file `checkpoint`): {len(others)}")
         for e in others:

@@ -1000,6 +1000,25 @@ def _leave_interrupted_writes(directory, *, age: float) -> dict:
     return made
 
 
+def test_resuming_removes_an_old_checkpoints_files_its_killed_deletion_left_without_index(tmp_path, caplog):
+    # The retention policy deletes the index first: a SIGKILL then left the data shard and the
+    # metadata of an old checkpoint for good (found by a loop of random kills).
+    import shutil
+    import time
+
+    _fit(tmp_path, epochs=1, keep=2, keep_every_hours=1e-9)  # ckpt-3, 6, 9 kept by keep_every_hours
+    stamp = time.time() - 60
+    for suffix in (".data-00000-of-00001", ".tfdist.json"):
+        shutil.copy(tmp_path / f"ckpt-12{suffix}", tmp_path / f"ckpt-4{suffix}")  # an index-less ckpt-4
+        os.utime(tmp_path / f"ckpt-4{suffix}", (stamp, stamp))
+    with caplog.at_level("INFO", logger="tfdist"):
+        assert _fit(tmp_path, epochs=2, keep=2, keep_every_hours=1e-9).tfdist.start_step == 15
+    names = os.listdir(tmp_path)
+    assert not [name for name in names if name.startswith("ckpt-4.")], names
+    assert "ckpt-4.data-00000-of-00001" in caplog.text
+    assert {"ckpt-3.index", "ckpt-6.index", "ckpt-9.index", "ckpt-9.data-00000-of-00001"} <= set(names)
+
+
 def test_resuming_removes_what_killed_writes_left_and_nothing_else(tmp_path, caplog):
     # A save killed mid-way leaves ckpt-N_temp/ (as large as a checkpoint) and temporary files;
     # saves every N seconds fall on other steps after a resume, so nothing else would remove them.

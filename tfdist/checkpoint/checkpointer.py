@@ -481,13 +481,15 @@ class Checkpointer:
     def _remove_interrupted_writes(self) -> None:
         """Removes what writes killed before this run began left in the checkpoint directory
         (``layout.interrupted_writes``: a save's ``ckpt-<step>_temp/``, as large as a checkpoint,
-        and temporary files). They are never a complete checkpoint, and nothing would ever remove
-        them: a step saved again replaces its own, but saves every N seconds fall on other steps.
+        and temporary files; ``layout.deletion_leftovers``: the data and metadata of an old
+        checkpoint whose deletion by the retention policy was killed after its index went). They are
+        never a complete checkpoint, and nothing would ever remove them: a step saved again
+        replaces its own, but saves every N seconds fall on other steps.
         What changed after this run began (another process may still be writing) is left."""
         from tfdist.planning.units import format_bytes
 
         removed, kept = [], []
-        for path in layout.interrupted_writes(self.directory):
+        for path in layout.interrupted_writes(self.directory) + layout.deletion_leftovers(self.directory):
             is_dir = storage.isdir(path)
             changes = [storage.mtime(p) for p in [path] + (
                 [storage.join(path, name) for name in storage.listdir(path)] if is_dir else [])]

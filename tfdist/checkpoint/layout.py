@@ -184,6 +184,26 @@ def interrupted_writes(directory: str) -> list[str]:
     return paths
 
 
+def deletion_leftovers(directory: str) -> list[str]:
+    """The files of checkpoints older than every listed one that have no index: the manager's
+    retention deletes the index first, so a kill in between leaves the data shards (as large as
+    a checkpoint) and the metadata, which no reader can use. Never a checkpoint with its index."""
+    listed = checkpoint_paths(directory, listed_only=True)
+    oldest = min((step for step in map(step_of, listed) if step is not None), default=None)
+    if oldest is None:
+        return []
+    paths = []
+    for name in storage.listdir(directory):
+        parsed = parse_file_name(name)
+        if parsed is None or parsed.in_flight or parsed.replaced is not None or parsed.kind not in ("data", "metadata"):
+            continue
+        prefix = storage.join(directory, parsed.stem)
+        step = step_of(prefix)
+        if step is not None and step < oldest and not storage.exists(index_path(prefix)):
+            paths.append(storage.join(directory, name))
+    return paths
+
+
 def _escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 

@@ -129,6 +129,15 @@ def test_checkpoints_keep_every_hours_kept_are_listed_as_kept_and_verified(copy,
         "ckpt-4", "ckpt-6", "ckpt-8"]
 
 
+def test_list_a_directory_of_one_checkpoint_without_state_file_or_metadata(run_dir, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("ckpt-4.index", "ckpt-4.data-00000-of-00001"):
+        shutil.copy(os.path.join(run_dir, name), bare / name)
+    code, out, _ = cli(capsys, "list", str(bare))
+    assert code == 0 and "incomplete (not named in the state file `checkpoint`): 1" in out and "ckpt-4" in out
+
+
 def test_list_json_names_each_entrys_files_and_a_replaced_checkpoint_by_a_pattern_of_them(copy, capsys):
     import glob
 

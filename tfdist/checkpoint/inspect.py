@@ -227,7 +227,7 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
             elif prefix in rolled_back or (rolled_back and _older_than(listed[-1], prefix)):
                 problem = (f"after {storage.basename(listed[-1])}, which the state file names as its latest: a roll-back; "
                            "the next run moves it aside when it saves this step again")
-            elif _older_than(prefix, listed[0]) and storage.exists(layout.metadata_path(prefix)):
+            elif listed and _older_than(prefix, listed[0]) and storage.exists(layout.metadata_path(prefix)):
                 info = _info(prefix, listed=False, files=files)  # keep_every_hours: kept, no longer listed
                 leftovers.append(dataclasses.replace(info, kept=True, problem=None))
                 continue

@@ -473,6 +473,17 @@ def test_a_save_the_state_file_never_listed_is_made_again_in_its_place_not_kept_
     assert "removed ckpt-15: this run's save of that step, never listed" in caplog.text
     assert not glob.glob(str(tmp_path / "*.replaced-*"))
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path)))
+    # Killed while TensorFlow renamed the data into place, before it wrote the index: the same.
+    half = tmp_path / "half"
+    _fit(half, epochs=1)
+    layout.write_state(str(half), [str(half / "ckpt-9"), str(half / "ckpt-12")])
+    os.remove(half / "ckpt-15.index")
+    _as_killed(half)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tfdist"):
+        assert _fit(half, epochs=2).tfdist.start_step == 12
+    assert "removed ckpt-15: this run's save of that step, never listed" in caplog.text
+    assert not glob.glob(str(half / "*.replaced-*"))
     # Two checkpoints past the listed ones are no kill's (one save is in flight at a time): a
     # state file rolled back by hand. They are kept aside, not removed.
     rolled = tmp_path / "rolled"

@@ -403,7 +403,10 @@ class Checkpointer:
         writer = ownership.current(self.directory)
         if writer is not None and writer.ended_at is not None:  # the last run ended: no save of it was cut short
             return None
-        later = [p for p in layout.found_checkpoints(self.directory) if (layout.step_of(p) or 0) > max(steps)]
+        # With its index, or without (killed while TensorFlow renamed its data into place, before
+        # the index): its metadata is written as soon as the save starts.
+        saves = [layout.strip_file_suffix(meta) for meta in layout.metadata_files(self.directory)]
+        later = [p for p in saves if (layout.step_of(p) or 0) > max(steps)]
         if len(later) != 1:  # one save is in flight at a time: a kill leaves one
             return None
         saved = layout.read_metadata(later[0])

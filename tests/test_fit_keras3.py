@@ -363,3 +363,21 @@ def test_mirrored_and_central_storage_give_one_devices_metrics_and_weights(procs
             np.testing.assert_allclose(run["history"][key], values, rtol=1e-5, atol=atol, err_msg=f"{name} {key}")
         for a, b in zip(run["weights"], one["weights"]):
             np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
+
+
+def test_fits_in_one_process_do_not_warn_of_retracing_tfdists_own_loop_functions(monkeypatch):
+    # Each fit makes its own train and test functions; TensorFlow counts traces by the code, so
+    # a notebook's third or fourth fit warned of a retracing loop naming _Functions._test_one.
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    traces = []
+    detector = polymorphic_function._frequent_tracing_detector_manager
+    monkeypatch.setattr(type(detector), "called_with_tracing",
+                        lambda self, key, function, omit: traces.append((getattr(function, "__name__", ""), omit)))
+    x = np.random.default_rng(0).random((64, 6)).astype("float32")
+    y = (x.sum(axis=1) > 3).astype("int32")
+    for _ in range(2):
+        tfdist.fit(lambda: _model(dropout=False, schedule=False), (x, y), validation_data=(x[:16], y[:16]),
+                   epochs=1, batch_size=16, strategy="one_device", verbose=0)
+    ours = [omit for name, omit in traces if name in ("run", "_test_one")]
+    assert len(ours) >= 4 and all(ours)

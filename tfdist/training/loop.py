@@ -103,6 +103,14 @@ def _skipping_empty_batches(model, strategy):
     return step
 
 
+def _once_per_loop(function):
+    """``function``, made once per loop (per ``fit``), without TensorFlow's "excessive retracing"
+    warning: TensorFlow counts traces by the code, not the object, so from a notebook's third or
+    fourth ``fit`` it warned of a loop that is not there, naming tfdist's own functions."""
+    function._omit_frequent_tracing_warning = True
+    return function
+
+
 def _any_batch_size(value):
     """``value`` with its first dimension unknown to the trace (a dense tensor of rank >= 1), else as it is."""
     import tensorflow as tf
@@ -142,6 +150,8 @@ class _Functions:
         self._train: dict[int, Any] = {}
         self.test = tf.function(self._test_one, reduce_retracing=True, autograph=False)
         self.test_scheduled = tf.function(self._test_next, autograph=False)
+        for function in (self.test, self.test_scheduled):
+            _once_per_loop(function)
 
     def _logs(self, logs):
         return self._model.get_metrics_result() if logs == {} else logs
@@ -162,7 +172,7 @@ class _Functions:
                 return {} if self._ps else self._logs(logs)
 
             # No autograph, as in Keras' own train function: the user's train_step is traced as written.
-            self._train[n] = tf.function(run, autograph=False)
+            self._train[n] = _once_per_loop(tf.function(run, autograph=False))
         return self._train[n]
 
     def _test_one(self, batch):

@@ -238,9 +238,10 @@ def _leftovers(directory: str, listed: list[str]) -> list[CheckpointInfo]:
     return sorted(leftovers, key=lambda c: (c.global_step is None, c.global_step or 0, c.path))
 
 
-def _older_than(prefix: str, oldest_listed: str) -> bool:
-    step, oldest = layout.step_of(prefix), layout.step_of(oldest_listed)
-    return step is not None and oldest is not None and step < oldest
+def _older_than(prefix: str, other: str) -> bool:
+    """Whether checkpoint ``prefix`` is of an earlier step than checkpoint ``other``."""
+    step, others = layout.step_of(prefix), layout.step_of(other)
+    return step is not None and others is not None and step < others
 
 
 def list_checkpoints(directory: str) -> list[CheckpointInfo]:

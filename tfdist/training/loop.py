@@ -189,7 +189,7 @@ class _ScheduledSteps:
     """Bounds the executions scheduled ahead on parameter servers. ``ClusterCoordinator.schedule``
     does not block, so the whole epoch was queued at once: a preemption (SIGTERM) or a due save
     seen at the next step end then waited for the rest of the epoch and its validation (minutes,
-    past a pod's grace period. Here the loop waits for the oldest execution once ``PER_WORKER``
+    past a pod's grace period). Here the loop waits for the oldest execution once ``PER_WORKER``
     per worker are queued: enough to keep every worker busy. (tf_keras' own fit, which tfdist
     runs for tf_keras models, was seen acting within a few dozen steps already.)"""
 
@@ -213,11 +213,10 @@ class _ScheduledSteps:
         self._queue.append(remote_value)
         while len(self._queue) > self.limit:
             try:
-                self._queue.popleft().fetch()  # waits for that execution (its outputs: empty, or a few metrics)
+                self._queue.popleft().fetch()  # waits for that execution (its outputs are empty)
             except tf.errors.CancelledError:  # another execution failed: join raises its error
                 self._coordinator.join()
                 raise
-
 
 
 def _floats(logs) -> dict:

@@ -72,6 +72,15 @@ class Processes:
     def tfdist(self, *args, timeout: float = 240, env=None, cwd=None) -> tuple[int, str]:
         return self.run([sys.executable, "-m", "tfdist", *args], timeout=timeout, env=env, cwd=cwd)
 
+    def launch_script(self, path, source: str, *script_args, cluster, timeout: float = 240, env=None) -> str:
+        """Writes ``source`` to ``path`` and runs it on every task of a ``tfdist launch`` cluster
+        (``cluster``: launch's flags); fails the test unless the launch exits 0; returns its output."""
+        path.write_text(source)
+        code, out = self.tfdist("launch", *cluster, "--", sys.executable, str(path), *map(str, script_args),
+                                timeout=timeout, env=env)
+        assert code == 0, out[-4000:]
+        return out
+
     @staticmethod
     def _kill(proc):
         try:

@@ -16,6 +16,7 @@ from conftest import assert_bit_identical, base_env, checkpoint_tensors, free_po
 
 TRAIN = ["train", "--model", "resnet", "--epochs", "3", "--steps-per-epoch", "8", "--per-replica-batch-size", "16",
          "--seed", "1", "--deterministic", "--save-every-steps", "4", "--verbose", "0"]
+SYNC_CLUSTER = ["--workers", "2", "--max-restarts", "0"]  # tfdist launch's flags for a script's cluster
 
 
 def _launch(procs, out_dir, *train_args, workers=2, fault=None, restarts=2, timeout=300):
@@ -207,12 +208,9 @@ def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_who
     # runs fit's validation on its own: each worker's replica reads half of the examples.
     import os
 
-    script = tmp_path / "evaluate.py"
-    script.write_text(EVALUATE_SCRIPT)
     environ = base_env(PYTHONPATH=os.path.dirname(os.path.dirname(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, str(script),
-                             str(tmp_path), keras, timeout=240, env=environ)
-    assert code == 0, out[-4000:]
+    out = procs.launch_script(tmp_path / "evaluate.py", EVALUATE_SCRIPT, tmp_path, keras, cluster=SYNC_CLUSTER,
+                              env=environ)
     first, second = read_json(tmp_path / "worker0.json"), read_json(tmp_path / "worker1.json")
     assert first == second
     assert first["strategy"] == "multi_worker_mirrored"
@@ -266,13 +264,9 @@ def test_the_chief_alone_writes_the_files_of_the_users_callbacks(procs, tmp_path
     import csv
     import os
 
-    script = tmp_path / "callbacks.py"
-    script.write_text(CALLBACK_FILES_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    code, printed = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, str(script),
-                                 str(out), keras, timeout=240)
-    assert code == 0, printed[-4000:]
+    printed = procs.launch_script(tmp_path / "callbacks.py", CALLBACK_FILES_SCRIPT, out, keras, cluster=SYNC_CLUSTER)
     keras_module = __import__(keras)
     suffix = ".weights.h5" if keras == "keras" else ".h5"
     assert sorted(os.listdir(out)) == sorted(["best" + (".keras" if keras == "keras" else ".h5"), "log.csv", "tb",

@@ -10,6 +10,7 @@ from conftest import base_env, read_json
 
 TRAIN = ["train", "--model", "cnn", "--epochs", "2", "--steps-per-epoch", "10", "--batch-size", "32", "--seed", "0",
          "--save-every-steps", "5", "--verbose", "0"]
+PS_CLUSTER = ["--workers", "2", "--ps", "1", "--chief"]  # tfdist launch's flags for a script's cluster
 
 
 @pytest.mark.timeout(600)
@@ -113,12 +114,9 @@ json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.gl
 def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_workers(procs, tmp_path, keras):
     # Every example weighs 0, class 0 by its class weight and class 1 by its sample weight: a dataset
     # function that dropped either would train (loss > 0, weights move).
-    script = tmp_path / "weighted.py"
-    script.write_text(WEIGHTED_SCRIPT)
     out_dir = tmp_path / "ckpt"
-    code, out = procs.tfdist("launch", "--workers", "2", "--ps", "1", "--chief", "--",
-                             sys.executable, str(script), str(out_dir), keras, timeout=240, env=base_env())
-    assert code == 0, out[-4000:]
+    out = procs.launch_script(tmp_path / "weighted.py", WEIGHTED_SCRIPT, out_dir, keras, cluster=PS_CLUSTER,
+                              env=base_env())
     result = read_json(f"{out_dir}.json")
     assert result["strategy"] == "parameter_server" and result["global_step"] == 8
     assert result["loss"] == [0.0, 0.0]
@@ -150,13 +148,9 @@ def test_image_files_are_read_and_decoded_by_parameter_server_workers(procs, tmp
     from test_data_images import write_images
 
     folder = write_images(str(tmp_path / "images"))
-    script = tmp_path / "images.py"
-    script.write_text(IMAGES_SCRIPT)
     out_dir = tmp_path / "ckpt"
     environ = base_env(PYTHONPATH=os.path.dirname(os.path.dirname(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.tfdist("launch", "--workers", "2", "--ps", "1", "--chief", "--",
-                             sys.executable, str(script), str(out_dir), folder, timeout=240, env=environ)
-    assert code == 0, out[-4000:]
+    procs.launch_script(tmp_path / "images.py", IMAGES_SCRIPT, out_dir, folder, cluster=PS_CLUSTER, env=environ)
     result = read_json(f"{out_dir}.json")
     assert result["strategy"] == "parameter_server" and result["global_step"] == 6
     assert len(result["val_loss"]) == 2 and np.isfinite(result["loss"] + result["val_loss"]).all()

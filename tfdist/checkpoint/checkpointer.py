@@ -481,18 +481,18 @@ class Checkpointer:
             if prefix != keep and not layout.checkpoint_files(prefix):
                 storage.remove(meta)
 
-    def _remove_interrupted_writes(self) -> None:
+    def _remove_interrupted_writes(self, listed: list[str]) -> None:
         """Removes what writes killed before this run began left in the checkpoint directory
         (``layout.interrupted_writes``: a save's ``ckpt-<step>_temp/``, as large as a checkpoint,
-        and temporary files; ``layout.deletion_leftovers``: the data and metadata of an old
-        checkpoint whose deletion by the retention policy was killed after its index went). They are
-        never a complete checkpoint, and nothing would ever remove them: a step saved again
-        replaces its own, but saves every N seconds fall on other steps.
+        and temporary files; the data and metadata of a checkpoint older than the ``listed`` ones
+        whose deletion by the retention policy was killed after its index went). They are never
+        a complete checkpoint, and nothing would ever remove them: a step saved again replaces
+        its own, but saves every N seconds fall on other steps.
         What changed after this run began (another process may still be writing) is left."""
         from tfdist.planning.units import format_bytes
 
         removed, kept = [], []
-        for path in layout.interrupted_writes(self.directory) + layout.deletion_leftovers(self.directory):
+        for path in layout.interrupted_writes(self.directory, listed=listed):
             is_dir = storage.isdir(path)
             changes = [storage.mtime(p) for p in [path] + (
                 [storage.join(path, name) for name in storage.listdir(path)] if is_dir else [])]
@@ -573,7 +573,7 @@ class Checkpointer:
         if paths:  # the newest checkpoint decides which run the directory belongs to
             self._check_compatible(paths[-1], layout.read_metadata(paths[-1]))
         if self.is_chief:  # this run's directory: what killed writes left can go
-            self._remove_interrupted_writes()
+            self._remove_interrupted_writes(listed)
         point = self._restore_newest(paths, listed=bool(listed)) if paths else None
         if self.is_chief:  # this run writes the directory now (a run refused above leaves the record alone)
             self._writer = ownership.claim(self.directory)

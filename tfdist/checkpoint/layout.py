@@ -168,38 +168,29 @@ def parse_file_name(name: str) -> FileName | None:
     )
 
 
-def interrupted_writes(directory: str) -> list[str]:
+def interrupted_writes(directory: str, *, listed: list[str] = ()) -> list[str]:
     """The temporary files and folders of writes to ``directory`` that are in flight or were
     interrupted: ``ckpt-<step>_temp/`` of a save, ``*.tmp-<id>`` of an atomic write (metadata, the
-    state file, the writer record) and ``check_writable``'s probe. Never a complete checkpoint,
-    an unlisted one, or one moved aside (``*.replaced-<stamp>``)."""
+    state file, the writer record) and ``check_writable``'s probe; and, given the ``listed``
+    checkpoints, the files of interrupted deletions: the data shards (as large as a checkpoint)
+    and metadata of one older than every listed one, without its index, which the manager's
+    retention deletes first. Never a complete checkpoint, an unlisted one, or one moved aside
+    (``*.replaced-<stamp>``)."""
     if not storage.isdir(directory):
         return []
-    paths = []
-    for name in storage.listdir(directory):
-        parsed = parse_file_name(name)
-        if (parsed is not None and parsed.in_flight and parsed.replaced is None) or name.startswith(
-                (storage.WRITE_PROBE_PREFIX, WRITER_FILE + ".tmp")):
-            paths.append(storage.join(directory, name))
-    return paths
-
-
-def deletion_leftovers(directory: str) -> list[str]:
-    """The files of checkpoints older than every listed one that have no index: the manager's
-    retention deletes the index first, so a kill in between leaves the data shards (as large as
-    a checkpoint) and the metadata, which no reader can use. Never a checkpoint with its index."""
-    listed = checkpoint_paths(directory, listed_only=True)
     oldest = min((step for step in map(step_of, listed) if step is not None), default=None)
-    if oldest is None:
-        return []
+    names = storage.listdir(directory)
+
+    def deletion_left(parsed: FileName) -> bool:
+        step = step_of(parsed.stem)
+        return (oldest is not None and step is not None and step < oldest and parsed.replaced is None
+                and parsed.kind in ("data", "metadata") and f"{parsed.stem}.index" not in names)
+
     paths = []
-    for name in storage.listdir(directory):
+    for name in names:
         parsed = parse_file_name(name)
-        if parsed is None or parsed.in_flight or parsed.replaced is not None or parsed.kind not in ("data", "metadata"):
-            continue
-        prefix = storage.join(directory, parsed.stem)
-        step = step_of(prefix)
-        if step is not None and step < oldest and not storage.exists(index_path(prefix)):
+        if (parsed is not None and ((parsed.in_flight and parsed.replaced is None) or deletion_left(parsed))) or \
+                name.startswith((storage.WRITE_PROBE_PREFIX, WRITER_FILE + ".tmp")):
             paths.append(storage.join(directory, name))
     return paths
 

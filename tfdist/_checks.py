@@ -13,6 +13,8 @@ from typing import Any, Iterable
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 """Keras mixed-precision policies tfdist accepts (training and planning)."""
+MAX_SEED = 2**32 - 1
+"""The largest seed NumPy takes (``np.random.seed``): seeds are 0 to 2**32 - 1."""
 
 
 def is_int(value: Any) -> bool:

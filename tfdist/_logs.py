@@ -3,6 +3,8 @@
 The command line sets them up for itself. ``fit``, ``evaluate`` and ``predict`` show them to a
 Python user who has not configured logging (as Lightning does for its own logger): the strategy
 chosen, the batch sizes, the checkpoint a run resumed from. Python alone would show warnings only.
+TensorFlow's retracing warning about the functions tfdist makes once per fit is kept quiet
+(``without_retracing_warning``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ class StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value):  # StreamHandler.__init__ assigns it
         pass
+
+
+def without_retracing_warning(function: Any) -> Any:
+    """``function``, a ``tf.function`` tfdist makes once per ``fit``, without TensorFlow's
+    "excessive retracing" warning (a private attribute, set where it exists): TensorFlow counts
+    traces by the code, not the object, so a notebook's later fits were warned of a retracing
+    loop that is not there, naming tfdist's own functions."""
+    if hasattr(function, "_omit_frequent_tracing_warning"):
+        function._omit_frequent_tracing_warning = True
+    return function
 
 
 def _handler() -> logging.Handler:

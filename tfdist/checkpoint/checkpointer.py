@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from tfdist import _checks, storage
+from tfdist import _checks, _logs, storage
 from tfdist.checkpoint import graph, layout, ownership
 from tfdist.checkpoint.replicas import ReplicaValues, aggregate_saved
 from tfdist.errors import (
@@ -703,13 +703,11 @@ def _expect_partial(error: BaseException) -> None:
 
 
 def _quiet_copy_tracing(root) -> None:
-    """Silences TensorFlow's "excessive retracing" warning for the copy function of ``root``'s
-    async writer (a private attribute, read defensively). Each ``fit`` has its own writer, whose
-    copy is traced once; TensorFlow counts traces by the code, not the object, so from the fifth
-    ``fit`` in a notebook it warned of a retracing loop that is not there."""
+    """No retracing warning for the copy function of ``root``'s async writer (a private attribute,
+    read defensively): each ``fit`` has its own writer, whose copy is traced once."""
     copy = getattr(getattr(root, "_async_checkpointer_impl", None), "_copy_to_cpu", None)
-    if copy is not None and hasattr(copy, "_omit_frequent_tracing_warning"):
-        copy._omit_frequent_tracing_warning = True
+    if copy is not None:
+        _logs.without_retracing_warning(copy)
 
 
 def _end_async_writer(root) -> None:

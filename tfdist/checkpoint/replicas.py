@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Sequence
 
+from tfdist._logs import without_retracing_warning
 from tfdist.checkpoint import layout
 
 log = logging.getLogger("tfdist")
@@ -92,9 +93,7 @@ class ReplicaValues:
 
             strategy.run(assign)
 
-        for function in (gather, scatter):  # made once per fit: a kernel running several fits is no retracing loop
-            function._omit_frequent_tracing_warning = True  # (TensorFlow counts traces by the code, not the object)
-        self._gather, self._scatter = gather, scatter
+        self._gather, self._scatter = without_retracing_warning(gather), without_retracing_warning(scatter)
 
     @classmethod
     def of(cls, strategy, variables: Iterable[Any], *, name: str) -> "ReplicaValues | None":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from tfdist import _checks
+
 
 def positive_int(text: str) -> int:
     try:
@@ -22,8 +24,7 @@ def nonnegative_int(text: str) -> int:
     return int(text)
 
 
-MAX_SEED = 2**32 - 1
-"""The largest seed NumPy takes (``np.random.seed``): seeds are 0 to 2**32 - 1."""
+MAX_SEED = _checks.MAX_SEED
 
 
 def seed(text: str) -> int:

@@ -18,6 +18,7 @@ import logging
 from typing import Any, Sequence
 
 from tfdist import _checks
+from tfdist._logs import without_retracing_warning
 from tfdist.errors import DataError
 from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model
 from tfdist.training.keras_common import LastModelCache
@@ -103,14 +104,6 @@ def _skipping_empty_batches(model, strategy):
     return step
 
 
-def _once_per_loop(function):
-    """``function``, made once per loop (per ``fit``), without TensorFlow's "excessive retracing"
-    warning: TensorFlow counts traces by the code, not the object, so from a notebook's third or
-    fourth ``fit`` it warned of a loop that is not there, naming tfdist's own functions."""
-    function._omit_frequent_tracing_warning = True
-    return function
-
-
 def _any_batch_size(value):
     """``value`` with its first dimension unknown to the trace (a dense tensor of rank >= 1), else as it is."""
     import tensorflow as tf
@@ -150,8 +143,8 @@ class _Functions:
         self._train: dict[int, Any] = {}
         self.test = tf.function(self._test_one, reduce_retracing=True, autograph=False)
         self.test_scheduled = tf.function(self._test_next, autograph=False)
-        for function in (self.test, self.test_scheduled):
-            _once_per_loop(function)
+        for function in (self.test, self.test_scheduled):  # made once per loop (per fit)
+            without_retracing_warning(function)
 
     def _logs(self, logs):
         return self._model.get_metrics_result() if logs == {} else logs
@@ -172,7 +165,7 @@ class _Functions:
                 return {} if self._ps else self._logs(logs)
 
             # No autograph, as in Keras' own train function: the user's train_step is traced as written.
-            self._train[n] = _once_per_loop(tf.function(run, autograph=False))
+            self._train[n] = without_retracing_warning(tf.function(run, autograph=False))
         return self._train[n]
 
     def _test_one(self, batch):

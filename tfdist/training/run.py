@@ -233,7 +233,7 @@ def _strategy_built_in(model: Any, strategy: Any) -> Any:
 def _check_arguments(*, model, epochs, grad_accum_steps, callbacks, validation_freq, seed) -> None:
     """Refuses, before anything starts, what can never work."""
     _checks.check_int("epochs", epochs, error=DataError)
-    if seed is not None and (not _checks.is_int(seed) or not 0 <= seed <= 2**32 - 1):
+    if seed is not None and (not _checks.is_int(seed) or not 0 <= seed <= _checks.MAX_SEED):
         raise DataError(f"Invalid `seed`; received seed={seed!r}. Fix: use an integer from 0 to 2**32 - 1 "
                         "(NumPy's range), or None for a fresh one.")
     _checks.check_int("grad_accum_steps", grad_accum_steps, error=DataError)

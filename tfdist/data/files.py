@@ -165,14 +165,16 @@ class TFRecordSource:
         self.compression = compression or ""
         self.num_classes = num_classes
         self.name = name or (files if isinstance(files, str) else f"{len(self.paths)} TFRecord file(s)")
-        self.sizes = [records_mod.file_size(p) for p in self.paths]
+        self._stats = [records_mod.file_stat(p) for p in self.paths]  # one look at each file (on gs://, a request)
+        self.sizes = [size for size, _ in self._stats]
         self._index: list[records_mod.FileIndex] | None = None
         if record_counts is not None:  # known from metadata (TFDS): the byte index can wait until reading
             if len(record_counts) != len(self.paths):
                 raise DataError(f"{len(record_counts)} record counts for {len(self.paths)} files. Fix: give one count per file.")
             self.counts = [int(c) for c in record_counts]
         else:
-            self._index = records_mod.index_files(self.paths, cache_dir=cache_dir, compression=self.compression)
+            self._index = records_mod.index_files(self.paths, cache_dir=cache_dir, compression=self.compression,
+                                                  stats=self._stats)
             self.counts = [ix.records for ix in self._index]
         self.num_records = int(sum(self.counts))
         if self.num_records == 0:
@@ -335,7 +337,7 @@ class TFRecordSource:
 
         if self._index is None:
             self._index = records_mod.index_files(self.paths, cache_dir=self.cache_dir, compression=self.compression,
-                                                  counts=self.counts)
+                                                  counts=self.counts, stats=self._stats)
         starts = np.concatenate([[0], np.cumsum([ix.records for ix in self._index])]).astype(np.int64)
         mark_starts = np.concatenate([[0], np.cumsum([len(ix.marks) for ix in self._index])]).astype(np.int64)
         marks = np.concatenate([np.asarray(ix.marks, np.int64) for ix in self._index])

@@ -261,12 +261,13 @@ class IndexCache:
 
 
 def index_files(
-    paths: Sequence[str], *, cache_dir: str | None = None, compression: str = "", counts: Sequence[int] | None = None
+    paths: Sequence[str], *, cache_dir: str | None = None, compression: str = "", counts: Sequence[int] | None = None,
+    stats: Sequence[tuple[int, int]] | None = None,
 ) -> list[FileIndex]:
     """The index of every file: from the cache when its size and modification time match, else
-    scanned (and cached)."""
+    scanned (and cached). ``stats``: the files' ``file_stat``, if the caller has them."""
     cache = IndexCache(cache_dir)
-    stats = [file_stat(p) for p in paths]
+    stats = [file_stat(p) for p in paths] if stats is None else list(stats)
     sizes = [size for size, _ in stats]
     by_dir: dict[str, list[int]] = {}
     for i, p in enumerate(paths):

@@ -399,16 +399,16 @@ def _describe(w: Workload, params: int) -> str:
             f"{w.image}x{w.image}x3 images, batch {w.batch}/replica, {w.steps} steps/epoch, epochs 2–{w.epochs} timed")
 
 
-def part_a(run: Run) -> None:
+def part_a(run: Run, precisions: tuple[str, ...] = PRECISIONS) -> None:
     w = dataclasses.asdict(run.workload)
     base = dict(workload=w, strategy="one_device", devices=[run.device], all_reduce="auto")
     specs = {f"{kind} {precision}": dict(base, variant=f"{kind} {precision}", kind=kind, precision=precision)
-             for precision in PRECISIONS for kind in ("plain", "tfdist")}
+             for precision in precisions for kind in ("plain", "tfdist")}
     runs = run.lockstep(specs, "a")
     run.results["a"] = {"runs": runs}
-    params = runs["tfdist float32"][0]["params"]
+    params = runs[f"tfdist {precisions[0]}"][0]["params"]
     what = _describe(run.workload, params)
-    for precision in PRECISIONS:
+    for precision in precisions:
         plain, ours = runs[f"plain {precision}"], runs[f"tfdist {precision}"]
         ratio = _common.paired(plain, ours, "step_seconds")
         run.results["a"][precision] = {"ratio": ratio}
@@ -419,7 +419,7 @@ def part_a(run: Run) -> None:
             f"{_common.fmt(_common.summary_of(ours, 'step_seconds'), 1e3, ' ms')} "
             f"({_common.summary_of(ours, 'examples_per_second')['median']:,.0f} examples/s)",
             f"≤ {TARGET_OVERHEAD}", run.verdict(ratio["median"], TARGET_OVERHEAD)))
-    for precision in PRECISIONS[1:]:
+    for precision in (p for p in precisions if p != "float32" and "float32" in precisions):
         speedup = _common.paired(runs[f"tfdist {precision}"], runs["tfdist float32"], "step_seconds")
         scale = [r["loss_scale"] for r in runs[f"tfdist {precision}"] if r.get("loss_scale") is not None]
         losses = [r["loss"] for r in runs[f"tfdist {precision}"]]
@@ -430,7 +430,8 @@ def part_a(run: Run) -> None:
             f"(a) {precision} speed-up over float32 (tfdist step time float32 / {precision})",
             f"**{_common.fmt_ratio(speedup)}**{extra}; last epoch loss {', '.join(f'{v:.3f}' for v in losses)}",
             "(> 1: report)", "–"))
-    run.notes.append(f"(a): {run.reps} repetition(s); the 6 variants (plain and tfdist x 3 precisions) run in fresh "
+    run.notes.append(f"(a): {run.reps} repetition(s); the {len(specs)} variants (plain and tfdist x "
+                     f"{', '.join(precisions)}) run in fresh "
                      "processes in lockstep, an epoch each in turn; ratios paired by repetition; plain uses "
                      "`.prefetch(AUTOTUNE)` (tfdist's pipeline prefetches too).")
 
@@ -560,14 +561,15 @@ def part_c(run: Run, script: str, every_steps: int | None) -> None:
                      "when there is one.")
 
 
-def part_d(run: Run, precision: str) -> None:
+def part_d(run: Run, precision: str, *, gather: bool = True) -> None:
     import tfdist
 
     w = dataclasses.asdict(run.workload)
     base = dict(workload=w, strategy="one_device", devices=[run.device], all_reduce="auto", precision=precision,
                 sample_utilization=run.gpu, dir=run.workdir)
     specs = {"tfdist arrays": dict(base, variant="tfdist arrays", kind="tfdist"),
-             "tfdist graph gather": dict(base, variant="tfdist graph gather", kind="tfdist", gather_in_graph=True),
+             **({"tfdist graph gather": dict(base, variant="tfdist graph gather", kind="tfdist", gather_in_graph=True)}
+                if gather else {}),
              "plain tf.data": dict(base, variant="plain tf.data", kind="plain"),
              "synthetic": dict(base, variant="synthetic", kind="synthetic")}
     files = hasattr(tfdist, "TFRecordSource")
@@ -577,6 +579,8 @@ def part_d(run: Run, precision: str) -> None:
     run.results["d"] = {"runs": runs}
     synthetic = runs["synthetic"]
     for name in ("tfdist arrays", "tfdist graph gather", "plain tf.data", "tfdist TFRecord"):
+        if name == "tfdist graph gather" and not gather:
+            continue
         if name not in runs:
             run.rows.append(("(d) input stall with tfdist's TFRecord file source",
                              "not measured: this tfdist has no `tfdist.TFRecordSource` (built on another branch; "
@@ -601,10 +605,12 @@ def part_d(run: Run, precision: str) -> None:
             "(≈ 0: report)", "–"))
     ratio = _common.paired(runs["plain tf.data"], runs["tfdist arrays"], "step_seconds")
     run.results["d"]["tfdist / plain"] = ratio
+    versus_gather = (f"; `tf.gather` variant / tfdist's reader "
+                     f"{_common.fmt_ratio(_common.paired(runs['tfdist arrays'], runs['tfdist graph gather'], 'step_seconds'))}"
+                     if gather else "")
     run.rows.append((
         f"(d) step time tfdist / plain `model.fit` ((a)'s figure, measured again beside (d)'s variants), {precision}",
-        f"**{_common.fmt_ratio(ratio)}**; `tf.gather` variant / tfdist's reader "
-        f"{_common.fmt_ratio(_common.paired(runs['tfdist arrays'], runs['tfdist graph gather'], 'step_seconds'))}",
+        f"**{_common.fmt_ratio(ratio)}**{versus_gather}",
         f"≤ {TARGET_OVERHEAD}", run.verdict(ratio["median"], TARGET_OVERHEAD)))
     run.notes.append("(d): synthetic = plain `model.fit` on `Dataset.from_tensors(one batch).repeat().prefetch()` (still copied "
                      "to the device each step, as any input is); a stall near 0 means tfdist's pipeline keeps the "
@@ -676,8 +682,15 @@ def main() -> int:
     p.add_argument("--every", type=int, default=None, help="(c) save every N steps (default 2000; --quick 200)")
     p.add_argument("--input-precision", default="mixed_float16", choices=PRECISIONS,
                    help="(d) precision of the input-stall runs on a GPU (the fastest step stresses the input most)")
+    p.add_argument("--precisions", default=",".join(PRECISIONS),
+                   help="(a) the precisions to compare, comma-separated (default all three; a speed-up needs float32)")
+    p.add_argument("--no-gather", action="store_true",
+                   help="(d) leave out the benchmark-only `tf.gather` reader variant (one process fewer per repetition)")
     p.add_argument("--dir", default=None, help="directory for checkpoints and files (default: a temporary one)")
     args = p.parse_args()
+    precisions = tuple(v.strip() for v in args.precisions.split(",") if v.strip())
+    if not precisions or set(precisions) - set(PRECISIONS):
+        p.error(f"--precisions: expected a comma-separated subset of {', '.join(PRECISIONS)}, got {args.precisions!r}")
     if args.child:
         child_main(json.loads(args.child))
         return 0
@@ -708,13 +721,13 @@ def main() -> int:
     script = os.path.abspath(__file__)
     try:
         if "a" in args.parts:
-            part_a(run)
+            part_a(run, precisions)
         if "b" in args.parts:
             part_b(run, physical_gpus=len(gpus), logical=args.logical_gpus, memory_mb=args.logical_gpu_memory)
         if "c" in args.parts:
             part_c(run, script, args.every)
         if "d" in args.parts:
-            part_d(run, args.input_precision if gpu else "float32")
+            part_d(run, args.input_precision if gpu else "float32", gather=not args.no_gather)
         if "e" in args.parts:
             part_e(run, script)
     finally:
@@ -724,9 +737,12 @@ def main() -> int:
     flags = [f for f, on in (("--quick", args.quick), ("--allow-cpu", args.allow_cpu)) if on]
     if args.parts != "abcde":
         flags.append(f"--parts {args.parts}")
+    if args.no_gather:
+        flags.append("--no-gather")
     for flag, value, default in (("--reps", args.reps, None), ("--logical-gpus", args.logical_gpus, 2),
                                  ("--logical-gpu-memory", args.logical_gpu_memory, 6144), ("--every", args.every, None),
-                                 ("--input-precision", args.input_precision, "mixed_float16")):
+                                 ("--input-precision", args.input_precision, "mixed_float16"),
+                                 ("--precisions", ",".join(precisions), ",".join(PRECISIONS))):
         if value != default:
             flags.append(f"{flag} {value}")
     title = "GPU paths (benchmarks/gpu.py)" + ("" if gpu else f" -- {CPU_NOTE}")

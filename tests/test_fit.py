@@ -1,5 +1,7 @@
 """tfdist.fit under one_device in process, and mirrored / central_storage on two logical CPUs."""
 
+import json
+import os
 import sys
 import textwrap
 
@@ -257,21 +259,68 @@ def test_mirrored_and_central_storage_on_two_logical_cpus(procs):
     assert np.isfinite(result["mp"]["loss"])
 
 
-def test_the_training_dataset_is_endless_to_tensorflow_and_a_read_past_its_end_fails():
+def test_the_training_dataset_is_endless_to_tensorflow_with_zeros_past_the_runs_batches():
     # A finite dataset makes multi_worker_mirrored add an all-reduce to every next() (partial-batch handling).
     import tensorflow as tf
 
     from tfdist.training.run import _endless
 
     seen = []
-    make = _endless(lambda input_context=None: seen.append(input_context) or tf.data.Dataset.range(3))
+    make = _endless(lambda input_context=None: seen.append(input_context) or tf.data.Dataset.range(1, 4).map(
+        lambda i: {"x": tf.fill([2, 3], tf.cast(i, tf.float32)), "n": tf.fill([2, i], i)}))
     dataset = make("context")
     assert seen == ["context"]
     assert int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    assert dataset.element_spec["x"].shape.as_list() == [2, 3]  # the step keeps its static batch shape
     iterator = iter(dataset)
-    assert [int(next(iterator)) for _ in range(3)] == [0, 1, 2]
+    assert [float(next(iterator)["x"][0, 0]) for _ in range(3)] == [1.0, 2.0, 3.0]
+    for _ in range(20):  # the read-ahead past the end
+        past = next(iterator)
+        assert past["x"].shape == (2, 3) and not np.any(past["x"]) and past["n"].shape == (2, 0)
+
+
+def test_a_training_dataset_with_a_ragged_component_is_asserted_endless_and_fails_past_its_end():
+    import tensorflow as tf
+
+    from tfdist.training.run import _endless
+
+    ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]])).batch(2)
+    dataset = _endless(lambda input_context=None: ragged)()
+    assert int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    iterator = iter(dataset)
+    next(iterator)
     with pytest.raises(tf.errors.FailedPreconditionError, match="infinite"):
         next(iterator)
+
+
+_QUIET_END = textwrap.dedent(
+    """
+    import json
+    import tfdist
+    devices = tfdist.split_cpu(2)
+    from tfdist import models
+    steps = {}
+    for name, keras in (("one_device", "3"), ("mirrored", "2")):
+        cnn = models.builder("cnn", input_shape=(8, 8, 1), num_classes=10, keras=keras)
+        h = tfdist.fit(cnn, "digits", epochs=2, batch_size=128, strategy=name, devices=devices[:1 if name == "one_device" else 2],
+                       seed=0, verbose=0)
+        steps[name] = [h.tfdist.global_step, h.tfdist.steps_per_epoch]
+    print("RESULT " + json.dumps(steps), flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(200)
+def test_the_end_of_training_logs_no_tensorflow_error_with_its_logging_on(procs):
+    # TensorFlow's default logging (TF_CPP_MIN_LOG_LEVEL unset) printed "Local rendezvous is aborting with
+    # status: FAILED_PRECONDITION: Input dataset was expected to contain an infinite number of elements"
+    # at the end of every run: the input's read-ahead met the end of the run's batches.
+    environ = base_env(TF_CPP_MIN_LOG_LEVEL="0", PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    code, out = procs.run([sys.executable, "-c", _QUIET_END], timeout=180, env=environ)
+    assert code == 0, out[-3000:]
+    steps = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert steps == {"one_device": [22, 11], "mirrored": [22, 11]}  # 1437 digits for training, 128 a step
+    assert "rendezvous is aborting" not in out and "FAILED_PRECONDITION" not in out, out[-3000:]
 
 
 @pytest.mark.parametrize("error, expected", [

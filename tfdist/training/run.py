@@ -488,17 +488,31 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
 
 
 def _endless(dataset_fn):
-    """``dataset_fn`` whose dataset TensorFlow takes for an endless one; the loops read exactly
-    the run's steps from it, and a read past its end fails loudly.
+    """``dataset_fn`` whose dataset is endless to TensorFlow: the run's batches, then batches of
+    zeros without end. The loops read exactly the run's steps, so no zeros are trained on.
 
     Under multi_worker_mirrored a finite dataset makes TensorFlow handle partial batches: every
     ``next()`` becomes ``get_next_as_optional`` plus an all-reduce between the workers, and the
     batch dimension turns unknown (``tensorflow/python/distribute/input_lib.py``,
-    ``_enable_get_next_as_optional``). tfdist's batches are always whole, so that is pure cost."""
+    ``_enable_get_next_as_optional``). tfdist's batches are always whole, so that is pure cost.
+    The zeros, not an ``assert_cardinality`` over the finite dataset, are what the input's
+    read-ahead (the multi-device iterator reads up to ~16 batches ahead) meets past the run's
+    end: the assertion's error was logged at the end of every run as "Local rendezvous is
+    aborting with status: FAILED_PRECONDITION". A component that is not a dense tensor of known
+    rank keeps the assertion (zeros of its structure are not made)."""
     import tensorflow as tf
 
     def make(input_context=None):
-        return dataset_fn(input_context).apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+        dataset = dataset_fn(input_context)
+        specs = tf.nest.flatten(dataset.element_spec)
+        if not all(type(spec) is tf.TensorSpec and spec.shape.rank is not None for spec in specs):
+            return dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+
+        def zeros(_):
+            return tf.nest.pack_sequence_as(dataset.element_spec, [
+                tf.zeros([0 if d is None else d for d in spec.shape.as_list()], spec.dtype) for spec in specs])
+
+        return dataset.concatenate(tf.data.Dataset.from_tensors(0).repeat().map(zeros))
 
     return make
 

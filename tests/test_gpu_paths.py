@@ -235,3 +235,11 @@ def test_gpu_benchmark_without_a_gpu_says_so_and_exits_0(procs):
     assert code == 0, out[-3000:]
     assert "no GPU" in out and "--allow-cpu" in out
     assert "Markdown" not in out  # nothing was measured
+
+
+def test_gpu_benchmark_refuses_an_unknown_precision_in_one_line(procs):
+    code, out = procs.run([sys.executable, os.path.join(REPO, "benchmarks", "gpu.py"), "--precisions", "float32,fp8"],
+                          timeout=60, env=base_env())
+    assert code == 2, out[-3000:]
+    assert "--precisions: expected a comma-separated subset of float32, mixed_float16, mixed_bfloat16, got 'float32,fp8'" in out
+    assert "Traceback" not in out

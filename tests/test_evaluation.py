@@ -28,6 +28,27 @@ def _builder(keras_name: str):
     return build
 
 
+
+def _two_outputs(keras_name: str):
+    """A regression output ``a`` and a classifier ``b``, their losses weighted 1 and 0.5."""
+    keras = __import__(keras_name)
+    inputs = keras.Input((8, 8, 1))
+    hidden = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(inputs))
+    model = keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(hidden), "b": keras.layers.Dense(10, name="b")(hidden)})
+    model.compile(keras.optimizers.SGD(0.01), loss={"a": "mse", "b": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                  loss_weights={"a": 1.0, "b": 0.5})
+    return model
+
+
+def _whole_set_output_losses(model, x, y) -> dict:
+    """Each output's loss over all of ``x`` at once, computed from the predictions."""
+    outputs = tfdist.predict(model, x, verbose=0)
+    a = float(np.mean((outputs["a"][:, 0] - y.astype(np.float32)) ** 2))
+    logits = outputs["b"].astype(np.float64)
+    log_softmax = logits - logits.max(axis=1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(axis=1, keepdims=True))
+    return {"a_loss": a, "b_loss": float(-np.mean(log_softmax[np.arange(len(y)), y]))}
+
 @pytest.fixture(scope="module", params=["keras", "tf_keras"])
 def trained(request):
     train, val = load_digits()
@@ -61,6 +82,21 @@ def test_every_example_counts_once_whatever_the_batch(trained):
     keras_own = history.model.evaluate(x, y, sample_weight=weights, batch_size=101, verbose=0, return_dict=True)
     assert weighted["loss"] == pytest.approx(keras_own["loss"], rel=1e-6)
 
+
+
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_each_outputs_loss_is_over_every_example_whatever_the_batch(keras_name):
+    # Keras 3 weighed each output's loss tracker by the batch's static size, unknown for a partial
+    # batch, which then counted as one example: a_loss and b_loss no longer added up to loss.
+    _, val = load_digits()
+    x, y = val.x[:101], val.y[:101]  # 12 batches of 8 and one of 5
+    with tfdist.make_strategy("one_device").scope():
+        model = _two_outputs(keras_name)
+    result = tfdist.evaluate(model, (x, {"a": y.astype(np.float32), "b": y}), batch_size=8, verbose=0)
+    expected = _whole_set_output_losses(model, x, y)
+    for key, value in expected.items():
+        assert result[key] == pytest.approx(value, rel=1e-5), key
+    assert result["loss"] == pytest.approx(result["a_loss"] + 0.5 * result["b_loss"], rel=1e-5)
 
 def test_predict_returns_every_output_in_order(trained):
     keras_name, history, val = trained
@@ -212,6 +248,14 @@ _REPLICAS = textwrap.dedent(
                 loaded = __import__(keras_name).models.load_model(path)
             results[f"{keras_name} loaded {strategy}"].update(
                 one_example=tfdist.evaluate(loaded, val.x[:1], val.y[:1], verbose=0), one_example_loss=one_example_loss)
+    from test_evaluation import _two_outputs, _whole_set_output_losses
+    x, y = val.x[:101], val.y[:101]
+    for strategy in ("mirrored", "central_storage"):
+        with tfdist.make_strategy(strategy, devices=devices).scope():
+            model = _two_outputs("keras")
+        results[f"keras outputs {strategy}"] = {
+            "evaluated": tfdist.evaluate(model, (x, {"a": y.astype(np.float32), "b": y}), batch_size=16, verbose=0),
+            "expected": _whole_set_output_losses(model, x, y)}
     print("RESULT " + json.dumps(results))
     """
 )
@@ -221,6 +265,10 @@ _REPLICAS = textwrap.dedent(
 def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part_also_of_a_loaded_model(procs):
     results = script_result(procs, _REPLICAS, timeout=280)
     loaded = {name: results.pop(name) for name in list(results) if " loaded " in name}
+    for strategy in ("mirrored", "central_storage"):  # 101 examples: the replicas' parts end in partial batches
+        result = results.pop(f"keras outputs {strategy}")
+        for key, value in result["expected"].items():
+            assert result["evaluated"][key] == pytest.approx(value, rel=1e-5), (strategy, key)
     assert sorted(results) == ["keras central_storage", "keras mirrored", "tf_keras central_storage", "tf_keras mirrored"]
     assert len(loaded) == 4
     for name, result in loaded.items():  # one set of weights and statistics: any split of the examples agrees

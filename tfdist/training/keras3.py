@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import threading
 from typing import Any
 
 from tfdist.errors import ModelError
@@ -272,6 +273,44 @@ def prepare_metrics(model, *, strategy, sample: tuple) -> None:
         # assign_add is one atomic op, summed once over replicas.
         for variable in model.metrics_variables:
             _use_native_increments(variable)
+    _output_losses_weighted_by_examples(model)
+
+
+def _output_losses_weighted_by_examples(model) -> None:
+    """Weighs each output's loss tracker (``a_loss``, ``b_loss`` of a model with several outputs)
+    by the examples of its batch, as Keras 3 weighs the ``loss`` tracker.
+
+    Keras 3's ``CompileLoss.call`` passes the tracker the batch's *static* size, which a traced
+    step does not know for a partial batch (its dataset's batch dimension is ``None``): the
+    tracker then counts the batch as one example. Over 101 examples in batches of 16, the
+    validation ``a_loss`` came out 0.375 where the whole set's is 0.368, and no longer added up
+    to ``loss`` with the loss weights (Keras' own ``evaluate`` is off the same way). While the
+    compiled loss runs, its trackers are given the batch's size from ``tf.shape``; per thread,
+    since mirrored traces its replicas in threads of their own. It stays on the model; calling
+    this again changes nothing."""
+    import tensorflow as tf
+
+    compile_loss = getattr(model, "_compile_loss", None)
+    trackers = list(getattr(compile_loss, "metrics", None) or ())
+    if not trackers or "call" in vars(compile_loss):
+        return
+    call, examples = compile_loss.call, threading.local()
+    for tracker in trackers:
+        def update_state(values, sample_weight=None, update=tracker.update_state):
+            size = getattr(examples, "size", None)
+            return update(values, sample_weight=sample_weight if size is None else size)
+
+        object.__setattr__(tracker, "update_state", update_state)  # past Metric.__setattr__'s tracking
+
+    def weighted_call(y_true, y_pred, sample_weight=None):
+        outer = getattr(examples, "size", None)
+        examples.size = tf.shape(tf.nest.flatten(y_pred)[0])[0]
+        try:
+            return call(y_true, y_pred, sample_weight)
+        finally:
+            examples.size = outer
+
+    compile_loss.call = weighted_call
 
 
 class _DropEagerWarning(logging.Filter):

@@ -282,6 +282,31 @@ def test_the_claim_takes_the_storage_class_and_size_given():
             JobDescription.from_flags(workers="h:1", **flags)
 
 
+
+def test_grace_and_restarts_reach_every_deployment_and_its_notes():
+    # A checkpoint that takes longer to write than the fixed 120 s would be cut by SIGKILL.
+    description = JobDescription.from_flags(**DESCRIPTIONS["mwms"], grace_seconds=900, restarts=2)
+    compose = yaml.safe_load(manifests.render(description, format="compose"))
+    assert {s["stop_grace_period"] for s in compose["services"].values()} == {"900s"}
+    assert {s["restart"] for s in compose["services"].values()} == {"on-failure:2"}
+    k8s_text = manifests.render(description, format="k8s")
+    jobs = [d for d in yaml.safe_load_all(k8s_text) if d["kind"] == "Job"]
+    assert jobs and all(j["spec"]["backoffLimit"] == 2 for j in jobs)
+    assert all(j["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 900 for j in jobs)
+    assert "up to 2\n" in k8s_text and "--grace 900 --restarts 2" in k8s_text.splitlines()[1]
+    tfjob_text = manifests.render(description, format="tfjob")
+    (job,) = [d for d in yaml.safe_load_all(tfjob_text) if d["kind"] == "TFJob"]
+    assert job["spec"]["runPolicy"] == {"backoffLimit": 2} and "It fails after 2 restarts" in tfjob_text
+    assert all(r["template"]["spec"]["terminationGracePeriodSeconds"] == 900 for r in job["spec"]["tfReplicaSpecs"].values())
+    # Docker reads on-failure:0 as no limit: no restarts is "no".
+    never = JobDescription.from_flags(workers="h:1", restarts=0)
+    assert yaml.safe_load(manifests.render(never, format="compose"))["services"]["worker-0"]["restart"] == "no"
+    for flags, message in ((dict(grace_seconds=0), "invalid --grace; received 0. Fix: give the seconds"),
+                           (dict(restarts=-1), "invalid --restarts; received -1. Fix: give how many"),
+                           (dict(grace_seconds=True), "invalid --grace; received True")):
+        with pytest.raises(ClusterConfigError, match=re.escape(message)):
+            JobDescription.from_flags(workers="h:1", **flags)
+
 def test_k8s_service_lists_every_distinct_port():
     description = _describe("one-host")
     docs = list(yaml.safe_load_all(manifests.render(description, format="k8s")))
@@ -371,6 +396,17 @@ def test_bad_input_is_one_line_naming_the_flag_the_value_and_the_fix(argv, fragm
         assert fragment in captured.err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--grace", "0"], "argument --grace: expected a positive integer, received '0'"),
+    (["--restarts", "-1"], "argument --restarts: expected a whole number, 0 or more; received '-1'"),
+])
+def test_bad_grace_or_restarts_is_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["cluster", "--workers", "h:1", *argv])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
 def test_ps_without_chief_is_refused_like_tf_config_refuses_it():
     with pytest.raises(ClusterConfigError, match="--chief"):
         JobDescription(workers=("h:1",), ps=("h:2",))
@@ -428,6 +464,8 @@ def test_a_deployment_flag_the_format_does_not_use_is_named_in_a_warning(capsys)
     assert "warning: --namespace changes nothing in --format compose" in capsys.readouterr().err
     assert main(["cluster", "--workers", "a:2222", "--gpus", "1", "--format", "compose"]) == 0
     assert "warning" not in capsys.readouterr().err
+    assert main(["cluster", "--workers", "a:2222", "--grace", "600", "--restarts", "1"]) == 0
+    assert "warning: --grace, --restarts change nothing in --format env" in capsys.readouterr().err
 
 
 def test_cluster_command_does_not_import_tensorflow():

@@ -117,6 +117,9 @@ class JobDescription:
     gpus: int = 0
     storage_class: str | None = None
     storage_size: str = DEFAULT_STORAGE_SIZE
+    grace_seconds: int = GRACE_SECONDS
+    restarts: int | None = None
+    """Restarts (compose) or failed pods (k8s, tfjob) before the job fails; None: the format's default."""
 
     def __post_init__(self):
         for field, flag in (("workers", "--workers"), ("ps", "--ps")):
@@ -151,6 +154,8 @@ class JobDescription:
         gpus: int = 0,
         storage_class: str | None = None,
         storage_size: str = DEFAULT_STORAGE_SIZE,
+        grace_seconds: int = GRACE_SECONDS,
+        restarts: int | None = None,
     ) -> JobDescription:
         """A description from the flag values of ``tfdist cluster`` (comma-separated lists)."""
         return cls(
@@ -165,6 +170,8 @@ class JobDescription:
             gpus=gpus,
             storage_class=storage_class,
             storage_size=storage_size,
+            grace_seconds=grace_seconds,
+            restarts=restarts,
         )
 
     # --- validation -------------------------------------------------------------------
@@ -214,6 +221,16 @@ class JobDescription:
         if not isinstance(self.storage_size, str) or not re.fullmatch(_QUANTITY, self.storage_size):
             raise config_error(_WHERE, "--storage-size", self.storage_size,
                                "give a Kubernetes quantity such as 10Gi, 500Gi or 2Ti.")
+        if not _whole(self.grace_seconds, least=1):
+            raise config_error(_WHERE, "--grace", self.grace_seconds,
+                               f"give the seconds a stopped task has to save before it is killed, 1 or more "
+                               f"(default {GRACE_SECONDS}; at least a checkpoint's write time).")
+        if self.restarts is not None and not _whole(self.restarts, least=0):
+            raise config_error(_WHERE, "--restarts", self.restarts, "give how many restarts the job allows, 0 or more.")
+
+    def restarts_or(self, default: int) -> int:
+        """``restarts``, or the format's ``default`` when it was not given."""
+        return default if self.restarts is None else self.restarts
 
     # --- the cluster ------------------------------------------------------------------
     def tasks(self) -> list[tuple[str, int, str]]:
@@ -250,6 +267,10 @@ def service_name(role: str, index: int) -> str:
 
 def _pod_name(name: str, role: str, index: int) -> str:
     return f"{name}-{role}-{index}"  # Kubeflow's naming, used for the k8s Jobs too
+
+
+def _whole(value: Any, *, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _is_image(value: Any) -> bool:
@@ -331,7 +352,7 @@ def command_line(description: JobDescription, *, format: str, output: str | None
     return shlex.join(argv)
 
 
-_FLAGS_USED = {"env": (), "json": (), "compose": ("--image", "--command", "--name", "--gpus")}
+_FLAGS_USED = {"env": (), "json": (), "compose": ("--image", "--command", "--name", "--gpus", "--grace", "--restarts")}
 """The deployment flags each format's document uses (k8s and tfjob: all of them)."""
 
 
@@ -345,6 +366,8 @@ def _deployment_flags(description: JobDescription) -> list[tuple[str, str]]:
         ("--gpus", str(description.gpus), "0"),
         ("--storage-class", description.storage_class, None),
         ("--storage-size", description.storage_size, DEFAULT_STORAGE_SIZE),
+        ("--grace", str(description.grace_seconds), str(GRACE_SECONDS)),
+        ("--restarts", None if description.restarts is None else str(description.restarts), None),
     )
     return [(flag, value) for flag, value, default in flags if value != default]
 
@@ -425,8 +448,8 @@ def _compose(description: JobDescription, *, output: str | None) -> str:
             "command": _argv(description),
             "environment": {env.TF_CONFIG: env.tf_config_value(config)},
             "volumes": [f"{RUNS_VOLUME}:{RUNS_MOUNT}"],
-            "stop_grace_period": f"{GRACE_SECONDS}s",
-            "restart": f"on-failure:{COMPOSE_RESTARTS}",
+            "stop_grace_period": f"{description.grace_seconds}s",
+            "restart": _compose_restart(description.restarts_or(COMPOSE_RESTARTS)),
         }
         gpus = _gpus(description, role)
         if gpus:
@@ -440,6 +463,11 @@ def _compose(description: JobDescription, *, output: str | None) -> str:
         note = (f"# Builds {DOCKERFILE} with the folder `tfdist cluster` ran in (the repository root) as context.\n"
                 f"# Start from there: docker compose -f {output} up --build\n")
     return note + _yaml(document)
+
+
+def _compose_restart(restarts: int) -> str:
+    """Docker's ``on-failure:0`` restarts without limit (a retry count of 0 is none set): 0 is ``no``."""
+    return f"on-failure:{restarts}" if restarts else "no"
 
 
 def _build_context(output: str | None) -> str:
@@ -530,7 +558,7 @@ def _k8s(description: JobDescription, *, output: str | None) -> str:
             "kind": "Job",
             "metadata": {"name": pod, "namespace": description.namespace, "labels": labels},
             "spec": {
-                "backoffLimit": K8S_BACKOFF_LIMIT,
+                "backoffLimit": description.restarts_or(K8S_BACKOFF_LIMIT),
                 "podFailurePolicy": {"rules": [
                     # Bad input: no new pod can fix it.
                     {"action": "FailJob", "onExitCodes": {"containerName": _TFJOB_CONTAINER, "operator": "In",
@@ -544,14 +572,15 @@ def _k8s(description: JobDescription, *, output: str | None) -> str:
                         "hostname": pod,  # every pod of the Job keeps the task's DNS name
                         "subdomain": description.name,
                         "restartPolicy": "Never",  # what podFailurePolicy needs: each retry is a new pod
-                        "terminationGracePeriodSeconds": GRACE_SECONDS,
+                        "terminationGracePeriodSeconds": description.grace_seconds,
                         "containers": [_container(description, port, role=role, port_name="grpc", tf_config=config)],
                         "volumes": _volumes(description),
                     },
                 },
             },
         })
-    note = (f"# One Job per task: a failed pod is replaced (a preemption's 75, a lost peer's 76: up to {K8S_BACKOFF_LIMIT}\n"
+    note = (f"# One Job per task: a failed pod is replaced (a preemption's 75, a lost peer's 76: up to "
+            f"{description.restarts_or(K8S_BACKOFF_LIMIT)}\n"
             "# times; an eviction does not count), bad input's exit 2 fails the Job at once. Needs Kubernetes\n"
             "# 1.26+ (podFailurePolicy). A ps or worker of a parameter-server job exits 0 when the run is over.\n")
     return (_apply_note(description, output, stop=f"job,service -l tfdist/job={description.name}") + note + _STORAGE_NOTE
@@ -570,7 +599,7 @@ def _tfjob(description: JobDescription, *, output: str | None) -> str:
             "replicas": len(addresses),
             "restartPolicy": "OnFailure",
             "template": {"spec": {
-                "terminationGracePeriodSeconds": GRACE_SECONDS,
+                "terminationGracePeriodSeconds": description.grace_seconds,
                 "containers": [_container(description, port, role=role, port_name=_TFJOB_PORT, tf_config=None)],
                 "volumes": _volumes(description),
             }},
@@ -584,13 +613,13 @@ def _tfjob(description: JobDescription, *, output: str | None) -> str:
             "labels": _labels(description),
             "annotations": {TF_CONFIGS_ANNOTATION: _json_lines(configs)},
         },
-        "spec": {"runPolicy": {"backoffLimit": TFJOB_BACKOFF_LIMIT}, "tfReplicaSpecs": replicas},
+        "spec": {"runPolicy": {"backoffLimit": description.restarts_or(TFJOB_BACKOFF_LIMIT)}, "tfReplicaSpecs": replicas},
     }
     note = (
         "# Kubeflow's training operator writes TF_CONFIG into every pod itself; the annotation\n"
         f"# {TF_CONFIGS_ANNOTATION} shows what each task will receive (nothing in a job of one task).\n"
     )
-    note += (f"# It fails after {TFJOB_BACKOFF_LIMIT} restarts (runPolicy.backoffLimit; preemptions count too): a bad\n"
+    note += (f"# It fails after {description.restarts_or(TFJOB_BACKOFF_LIMIT)} restarts (runPolicy.backoffLimit; preemptions count too): a bad\n"
              "# input's exit 2 does not restart for ever. Not restartPolicy ExitCode: it fails on 75 and 76.\n")
     return (_apply_note(description, output, stop=f"tfjob {description.name}") + note + _STORAGE_NOTE
             + _yaml(_claim(description), job))

@@ -53,6 +53,16 @@ def register(subparsers) -> None:
     deploy.add_argument(
         "--namespace", default=manifests.DEFAULT_NAMESPACE, help="Kubernetes namespace (default: %(default)s)"
     )
+    deploy.add_argument(
+        "--grace", type=_args.positive_int, default=manifests.GRACE_SECONDS, metavar="SECONDS",
+        help="seconds a stopped task has between SIGTERM and SIGKILL, in which tfdist saves: at least a "
+        "checkpoint's write time, which tfdist plan estimates (default: %(default)s)",
+    )
+    deploy.add_argument(
+        "--restarts", type=_args.nonnegative_int, default=None, metavar="N",
+        help=f"restarts of a failed task before the job fails; preemptions count too (default: compose "
+        f"{manifests.COMPOSE_RESTARTS}, k8s {manifests.K8S_BACKOFF_LIMIT}, tfjob {manifests.TFJOB_BACKOFF_LIMIT})",
+    )
     parser.add_argument(
         "--output", "-o", metavar="FILE", help="write the document to FILE (named in its header) instead of stdout"
     )
@@ -74,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         storage_class=args.storage_class,
         storage_size=args.storage_size,
+        grace_seconds=args.grace,
+        restarts=args.restarts,
     )
     if args.output is not None:
         refusal = _output_refusal(args.output, args.format)

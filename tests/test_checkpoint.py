@@ -434,6 +434,40 @@ def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path, caplog)
             "this run, pass epochs=2+N") in caplog.text
 
 
+
+def test_a_checkpoint_past_the_end_of_the_run_asked_for_is_refused_with_the_epochs_to_pass(tmp_path):
+    # It returned a History without a model (tfdist train then failed with a traceback writing it), said the run
+    # was complete, and the next call did the same: a larger batch (allow_changes) or fewer epochs ends the run
+    # before the step the checkpoint is at.
+    import tf_keras
+
+    from tfdist.errors import CheckpointMismatchError
+
+    class CrashInSecondEpoch(tf_keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch == 1 and batch + 1 == 15:  # step 30's end, before it is saved: the last save is 27
+                raise _Crash()
+
+    with pytest.raises(_Crash):
+        _fit(tmp_path, epochs=2, callbacks=[CrashInSecondEpoch()])
+    def checkpoints():  # the writer record is this run's own, taken at the restore: checkpoints untouched
+        return {name: digest for name, digest in _tree_digest(tmp_path).items() if name != ".tfdist-writer.json"}
+
+    before = checkpoints()
+    with pytest.raises(CheckpointMismatchError, match=re.escape(
+            "is at global step 27, and this run ends at step 20 (epochs=2 at 10 steps per epoch): nothing is left to "
+            "train. Fix: pass epochs=3 or more (--epochs) to go on from it")):
+        _fit(tmp_path, epochs=2, batch_size=30, allow_changes=True)
+    with pytest.raises(CheckpointMismatchError, match=r"ckpt-27 is at global step 27, and this run ends at step 15 "
+                                                      r"\(epochs=1 at 15 steps per epoch\).*pass epochs=2 or more"):
+        _fit(tmp_path, epochs=1)
+    assert checkpoints() == before
+    going_on = _fit(tmp_path, epochs=3, batch_size=30, allow_changes=True)
+    assert going_on.model is not None and going_on.tfdist.start_step == 27 and going_on.tfdist.global_step == 30
+
 def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_nothing(tmp_path, procs):
     from tfdist.errors import CheckpointError
 

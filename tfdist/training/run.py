@@ -28,8 +28,8 @@ from tfdist.checkpoint import Checkpointer, CheckpointOptions, ResumePoint, RunM
 from tfdist.checkpoint import layout
 from tfdist.cluster import EVALUATOR, ClusterSpec, detect
 from tfdist.startup import serve
-from tfdist.errors import (BatchSizeError, CheckpointIOError, DataError, ModelError, PeerUnavailableError,
-                           describe)
+from tfdist.errors import (BatchSizeError, CheckpointIOError, CheckpointMismatchError, DataError, ModelError,
+                           PeerUnavailableError, describe)
 from tfdist.training import model as model_mod
 from tfdist.training.callback_files import ChiefOnlyFiles
 from tfdist.training.callback_state import CallbackState
@@ -418,6 +418,14 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
                 "%d; for N more epochs of this run, pass epochs=%d+N", saved_spe, point.global_step,
                 point.global_step // saved_spe, point.global_step % saved_spe, spe, point.global_step // spe,
                 point.global_step % spe, plan.epochs, plan.total_steps, -(-point.global_step // spe),
+            )
+        if point.global_step >= plan.total_steps and not _is_complete(point, shape):
+            checkpointer.close()
+            raise CheckpointMismatchError(
+                f"the checkpoint {point.path} is at global step {point.global_step}, and this run ends at step "
+                f"{plan.total_steps} (epochs={plan.epochs} at {spe} steps per epoch): nothing is left to train. Fix: "
+                f"pass epochs={point.global_step // spe + 1} or more (--epochs) to go on from it, or another "
+                "checkpoint_dir (--output-dir) for a new run."
             )
     return checkpointer, point
 

@@ -17,6 +17,43 @@ def test_a_signal_becomes_a_request_and_the_previous_handler_comes_back():
     assert signal.getsignal(signal.SIGUSR1) is before
 
 
+
+def test_a_signal_while_a_complete_runs_results_are_written_is_noted_not_fatal(caplog):
+    before = signal.getsignal(signal.SIGTERM)
+    with caplog.at_level("WARNING", logger="tfdist"):
+        with preemption.DeferredSignals() as deferred:
+            os.kill(os.getpid(), signal.SIGTERM)  # the default action would kill this process now
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert deferred.received == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert caplog.text.count("received after the run completed: finishing writing its results") == 1
+
+
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_a_sigterm_after_the_last_step_exits_to_be_restarted_and_the_restart_finds_the_run_complete(tmp_path,
+                                                                                                    keras_name):
+    # fit logged "saving at the end of the current step, then exiting", then returned as if nothing had come: the
+    # script went on past the scheduler's grace period into its SIGKILL.
+    import tfdist
+    from tfdist.checkpoint import layout
+
+    keras = __import__(keras_name)
+
+    class SigtermAtTheEnd(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def fit(callbacks):
+        return tfdist.fit(_builder(keras_name), "digits", epochs=1, batch_size=128, seed=5, strategy="one_device",
+                          checkpoint_dir=str(tmp_path), callbacks=callbacks, verbose=0)
+
+    with pytest.raises(SystemExit) as stopped:
+        fit([SigtermAtTheEnd()])
+    assert stopped.value.code == 75
+    assert layout.latest_metadata(str(tmp_path)).complete
+    again = fit([])
+    assert again.tfdist.completed and again.tfdist.start_step == again.tfdist.global_step == 11
+
 @pytest.mark.parametrize("steps, seconds, expected", [
     (10, 0.1, 100),        # 10 ms steps: agree every 100 steps, about once a second
     (1, 4.0, 1),           # steps slower than the period: every step
@@ -255,3 +292,29 @@ def test_a_sigterm_before_training_begins_exits_to_be_restarted_though_tensorflo
     assert code == env.EXIT_PREEMPTED, out[-3000:]
     assert "SIGTERM received before training began: exiting with code 75" in out
     assert "trained on after SIGTERM" not in out and "fit returned" not in out
+
+
+def test_a_sigterm_while_train_writes_the_model_lets_the_write_finish(tmp_path, monkeypatch, capsys):
+    # The default action killed tfdist train there (exit 143, no message), its scratch copy of the model left behind.
+    import tempfile
+
+    from tfdist.cli import main
+    from tfdist.training import export
+
+    write = export.save_model
+
+    handlers = []
+
+    def sigterm_then_write(*args, **kwargs):
+        handlers.append(signal.getsignal(signal.SIGTERM))
+        if isinstance(getattr(handlers[-1], "__self__", None), preemption.DeferredSignals):  # else it would kill pytest
+            os.kill(os.getpid(), signal.SIGTERM)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(export, "save_model", sigterm_then_write)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    assert main(["train", "--model", "linear", "--epochs", "1", "--output-dir", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.keras").is_file() and "tfdist train: strategy one_device" in capsys.readouterr().out
+    assert len(handlers) == 1 and isinstance(handlers[0].__self__, preemption.DeferredSignals)
+    assert not any(name.startswith("tfdist-model-") for name in os.listdir(tmp_path / "scratch"))

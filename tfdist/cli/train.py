@@ -145,6 +145,7 @@ def run_command(args: argparse.Namespace) -> int:
     cluster = cluster_mod.detect()  # an invalid TF_CONFIG fails here, before TensorFlow starts
     from tfdist import storage
     from tfdist.training import export
+    from tfdist.training.preemption import DeferredSignals
 
     model_path = None if args.no_save_model else args.save_model or storage.join(args.output_dir, "model" + export.SUFFIX)
     if model_path is not None:
@@ -249,14 +250,15 @@ def run_command(args: argparse.Namespace) -> int:
     if history is None:  # a ps or worker task of a parameter-server cluster, stopped
         return 0
     summary = history.tfdist
-    if model_path is not None:
-        export.save_model(history.model, model_path, cluster=cluster)
-    if cluster.is_chief:
-        print(f"tfdist train: {_summary_line(summary)}", flush=True)
-        if args.summary_json:
-            record = summary.as_dict()
-            record["tensorflow"] = tf.__version__
-            parent = storage.dirname(storage.absolute(args.summary_json))
-            storage.makedirs(parent)
-            storage.write_atomic(args.summary_json, json.dumps(record, indent=2))
+    with DeferredSignals():  # a SIGTERM now waits for the model file: the run is complete
+        if model_path is not None:
+            export.save_model(history.model, model_path, cluster=cluster)
+        if cluster.is_chief:
+            print(f"tfdist train: {_summary_line(summary)}", flush=True)
+            if args.summary_json:
+                record = summary.as_dict()
+                record["tensorflow"] = tf.__version__
+                parent = storage.dirname(storage.absolute(args.summary_json))
+                storage.makedirs(parent)
+                storage.write_atomic(args.summary_json, json.dumps(record, indent=2))
     return 0

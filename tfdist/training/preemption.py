@@ -103,6 +103,29 @@ class SetupSignals(_SignalHandlers):
         return self
 
 
+class DeferredSignals(_SignalHandlers):
+    """After training, while the caller writes what a complete run produced (``tfdist train``'s
+    model file and summary): a preemption signal is noted instead of killing the process half-way
+    through the write (exit 143, the write's scratch files left behind); ``received`` names it.
+    The run is complete and saved, so the write finishes and the process ends as it would have."""
+
+    def __init__(self):
+        super().__init__()
+        self.received: str | None = None
+
+    def _note(self, signum, frame):
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            log.warning("%s received after the run completed: finishing writing its results, then exiting",
+                        self.received)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._install(sig, self._note)
+        return self
+
+
 class PreemptionWatcher(_SignalHandlers):
     """Installs the signal handlers while training runs; ``requested`` tells whether one came."""
 

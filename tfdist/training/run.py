@@ -598,8 +598,14 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
         raise
     if checkpointer is not None:
         checkpointer.close()
-    if controller.preemption.watcher.interrupted:  # Ctrl-C came too late to stop before the end
+    watcher = controller.preemption.watcher
+    if watcher.interrupted:  # Ctrl-C came too late to stop before the end
         raise interrupted(controller.global_step, saved=checkpointer is not None, complete=True)
+    if watcher.requested:  # a preemption came too late too: the process exits as it promised, the run complete
+        log.warning("%s came after the last step: the run is complete at step %d%s; exiting with code %d as for any "
+                    "preemption (a restart finds the run complete)", watcher.signal_name, controller.global_step,
+                    ", saved" if checkpointer is not None else "", env.EXIT_PREEMPTED)
+        raise SystemExit(env.EXIT_PREEMPTED)
     return history
 
 

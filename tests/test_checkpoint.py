@@ -468,6 +468,16 @@ def test_a_checkpoint_past_the_end_of_the_run_asked_for_is_refused_with_the_epoc
     going_on = _fit(tmp_path, epochs=3, batch_size=30, allow_changes=True)
     assert going_on.model is not None and going_on.tfdist.start_step == 27 and going_on.tfdist.global_step == 30
 
+
+def test_a_resume_with_other_micro_batches_for_the_same_global_batch_says_so(tmp_path, caplog):
+    # Accepted (the global batch is the run's), but silently, where a change of replicas is said.
+    _fit(tmp_path, epochs=1, grad_accum_steps=2)
+    with caplog.at_level("INFO", logger="tfdist"):
+        resumed = _fit(tmp_path, epochs=2)
+    assert resumed.tfdist.start_step == 15 and resumed.tfdist.global_step == 30
+    assert ("the checkpoint was saved with micro batches of 10 (2 accumulation step(s)), this run has 20 (1): same step "
+            "and data order, but batch statistics (BatchNormalization) are over the new micro batches") in caplog.text
+
 def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_nothing(tmp_path, procs):
     from tfdist.errors import CheckpointError
 

@@ -419,6 +419,12 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
                 point.global_step // saved_spe, point.global_step % saved_spe, spe, point.global_step // spe,
                 point.global_step % spe, plan.epochs, plan.total_steps, -(-point.global_step // spe),
             )
+        saved_micro, sizes = point.metadata.run_value("micro_batch_size"), shape.sizes
+        if isinstance(saved_micro, int) and saved_micro != sizes.micro_batch_size:  # same global batch
+            log.info("the checkpoint was saved with micro batches of %d (%s accumulation step(s)), this run has %d (%d): "
+                     "same step and data order, but batch statistics (BatchNormalization) are over the new micro "
+                     "batches, so the run goes on differently from one that kept them", saved_micro,
+                     point.metadata.run_value("grad_accum_steps") or "?", sizes.micro_batch_size, sizes.grad_accum_steps)
         if point.global_step >= plan.total_steps and not _is_complete(point, shape):
             checkpointer.close()
             raise CheckpointMismatchError(

@@ -49,6 +49,27 @@ def test_built_in_callbacks_get_their_counters_back_after_on_train_begin_reset_t
     assert sorted(saved) == ["0:ReduceLROnPlateau", "1:EarlyStopping", "2:ModelCheckpoint"]
 
 
+
+@pytest.mark.parametrize("keras_name", KERASES)
+def test_a_complete_run_started_again_gives_back_its_callbacks_as_the_run_left_them(keras_name, tmp_path):
+    # They came back as constructed: a script printing early_stopping.stopped_epoch after fit printed 0 the second time.
+    from tfdist.models import builder
+
+    keras = __import__(keras_name)
+
+    def run():
+        stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0)  # stops after epoch 1
+        plateau = keras.callbacks.ReduceLROnPlateau(monitor="val_loss", patience=5)
+        history = tfdist.fit(builder("linear", input_shape=(8, 8, 1), num_classes=10,
+                                     keras="3" if keras_name == "keras" else "2"),
+                             "digits", epochs=5, batch_size=128, seed=1, strategy="one_device", verbose=0,
+                             checkpoint_dir=str(tmp_path), callbacks=[stop, plateau])
+        return (stop.stopped_epoch, stop.wait, stop.best, plateau.best, history.epoch, history.tfdist.global_step)
+
+    first = run()
+    assert first[0] == 1 and first[-1] == 22  # stopped after 2 of 5 epochs
+    assert run() == first
+
 def test_a_callback_with_state_dict_keeps_its_own_state_and_its_keras_base_class_state():
     import keras
 

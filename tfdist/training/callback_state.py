@@ -217,7 +217,8 @@ class CallbackState:
 
     def restore(self) -> None:
         """After the callbacks' ``on_train_begin``: puts the saved state back; checks the
-        current state can be saved."""
+        current state can be saved. A complete run started again calls it without training, so
+        its callbacks end as the run left them."""
         self.capture(assign=False)  # a state JSON cannot hold is refused now, not at the first save
         for cb in self._callbacks:  # the columns of the file it appends to (its on_train_begin forgot them)
             if id(cb) in self._csv_columns:
@@ -233,9 +234,8 @@ class CallbackState:
             if entry is None:
                 fresh.append(key)
                 continue
-            for name, value in (entry.get("attributes") or {}).items():
-                if hasattr(cb, name):
-                    setattr(cb, name, value)
+            for name, value in (entry.get("attributes") or {}).items():  # saved only where the class had it
+                setattr(cb, name, value)  # also one tf_keras sets in on_train_begin, not called for a complete run
             if "state_dict" in entry and _has_protocol(cb):
                 cb.load_state_dict(entry["state_dict"])
             if entry.get(_BEST_WEIGHTS):

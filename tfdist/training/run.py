@@ -462,6 +462,7 @@ def _already_complete(point: ResumePoint, adapter, built, checkpointer: Checkpoi
                     "as it ended. Fix: for a %d-epoch run, use another checkpoint_dir (--output-dir)", shape.plan.epochs,
                     ran, ran, shape.plan.epochs)
     checkpointer.close()
+    callback_state.restore()  # the callbacks as the run left them (an EarlyStopping's stopped_epoch, best...)
     best = callback_state.weights_at_end()
     if best is not None:
         built.set_weights(best)

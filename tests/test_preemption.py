@@ -294,6 +294,29 @@ def test_a_sigterm_before_training_begins_exits_to_be_restarted_though_tensorflo
     assert "trained on after SIGTERM" not in out and "fit returned" not in out
 
 
+@pytest.mark.parametrize("keras_name", ["keras", "tf_keras"])
+def test_a_sigterm_during_an_epochs_validation_stops_at_that_epochs_save(tmp_path, keras_name):
+    # It was acted on at the next step's end: the next epoch began (its callbacks ran) and one more step trained.
+    import tfdist
+    from tfdist.checkpoint import layout
+
+    keras = __import__(keras_name)
+    began = []
+
+    class SigtermInValidation(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            began.append(epoch)
+
+        def on_test_begin(self, logs=None):
+            if began == [0]:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(SystemExit) as stopped:
+        tfdist.fit(_builder(keras_name), "digits", epochs=3, batch_size=128, seed=5, strategy="one_device",
+                   checkpoint_dir=str(tmp_path), callbacks=[SigtermInValidation()], verbose=0)
+    assert stopped.value.code == 75 and began == [0]
+    assert layout.latest_metadata(str(tmp_path)).global_step == 11  # epoch 0's end
+
 def test_a_sigterm_while_train_writes_the_model_lets_the_write_finish(tmp_path, monkeypatch, capsys):
     # The default action killed tfdist train there (exit 143, no message), its scratch copy of the model left behind.
     import tempfile

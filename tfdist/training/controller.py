@@ -156,7 +156,11 @@ class Controller:
         self.history.append({k: float(v) for k, v in logs.items() if _is_scalar(v)})
         complete = self.global_step >= self.total_steps or stopping
         self.save(complete=complete)
-        if self._preempt_at_epoch_end and not complete:
+        if complete:
+            return
+        if not self._preempt_at_epoch_end:  # a signal during the validation stops at this save, not a step later
+            self._preempt_at_epoch_end, _ = self.preemption.check(self.global_step, timed=False, boundary=True)
+        if self._preempt_at_epoch_end:
             self._stop_preempted(self.global_step)
 
     def on_train_end(self, *, stopped_early: bool) -> None:

@@ -341,3 +341,15 @@ def test_a_sigterm_while_train_writes_the_model_lets_the_write_finish(tmp_path, 
     assert (tmp_path / "out" / "model.keras").is_file() and "tfdist train: strategy one_device" in capsys.readouterr().out
     assert len(handlers) == 1 and isinstance(handlers[0].__self__, preemption.DeferredSignals)
     assert not any(name.startswith("tfdist-model-") for name in os.listdir(tmp_path / "scratch"))
+
+
+def test_a_preemption_without_a_checkpoint_dir_does_not_claim_a_save(monkeypatch, caplog):
+    import tfdist
+
+    monkeypatch.setenv("TFDIST_FAULT", "term_at_step:3")
+    with caplog.at_level("WARNING", logger="tfdist"), pytest.raises(SystemExit) as stopped:
+        tfdist.fit(_builder("keras"), "digits", epochs=1, batch_size=128, seed=5, strategy="one_device", verbose=0)
+    assert stopped.value.code == 75
+    assert ("preempted by SIGTERM: stopped at step 3, not saved (no checkpoint_dir): a restart trains from the start; "
+            "exiting with code 75") in caplog.text
+    assert "saved at step" not in caplog.text

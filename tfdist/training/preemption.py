@@ -34,10 +34,13 @@ INTERRUPT_NAME = "SIGINT"
 class Preempted(Exception):
     """Raised by the training callback after the preemption checkpoint is written."""
 
-    def __init__(self, step: int, signal_name: str):
-        super().__init__(f"preempted by {signal_name}: saved at step {step}")
+    def __init__(self, step: int, signal_name: str, *, saved: bool = True):
+        where = (f"saved at step {step}" if saved
+                 else f"stopped at step {step}, not saved (no checkpoint_dir): a restart trains from the start")
+        super().__init__(f"preempted by {signal_name}: {where}")
         self.step = step
         self.signal_name = signal_name
+        self.saved = saved
 
 
 def interrupted(step: int, *, saved: bool, complete: bool = False, elsewhere: bool = False) -> KeyboardInterrupt:
@@ -295,4 +298,4 @@ class Preemption:
         is saved; ``saved``: whether there is a checkpoint to resume from)."""
         if self._as_interrupt:
             raise interrupted(step, saved=saved, elsewhere=not self.watcher.interrupted)
-        raise Preempted(step, self.watcher.signal_name or "another worker's signal")
+        raise Preempted(step, self.watcher.signal_name or "another worker's signal", saved=saved)

@@ -353,3 +353,29 @@ def test_a_preemption_without_a_checkpoint_dir_does_not_claim_a_save(monkeypatch
     assert ("preempted by SIGTERM: stopped at step 3, not saved (no checkpoint_dir): a restart trains from the start; "
             "exiting with code 75") in caplog.text
     assert "saved at step" not in caplog.text
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_to_tfdist_train_piped_into_tee_saves_its_step_and_exits_130(procs, tmp_path):
+    # A terminal's Ctrl-C reaches the whole pipeline `tfdist train ... 2>&1 | tee log`: tee is gone first, and the
+    # next write raised BrokenPipeError mid-step, before the step was saved: exit 1 with a traceback.
+    import sys
+
+    from tfdist.checkpoint import layout
+
+    from conftest import base_env
+
+    out = tmp_path / "run"
+    proc = procs.start([sys.executable, "-m", "tfdist", "train", "--model", "linear", "--epochs", "40",
+                        "--save-every-steps", "100000", "--output-dir", str(out)], env=base_env())
+    for line in proc.stdout:  # the pipe's reader goes away once training is under way, as tee does
+        if line.startswith("Epoch 3/"):
+            break
+    proc.stdout.close()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    saved = layout.latest_metadata(str(out / "checkpoints")).global_step
+    assert saved > 2 * 44  # the Ctrl-C's step in epoch 3, not epoch 2's end
+    code, again = procs.tfdist("train", "--model", "linear", "--epochs", "40", "--save-every-steps", "100000",
+                               "--output-dir", str(out), timeout=200)
+    assert code == 0 and f"global step {saved}" in again, again[-2000:]

@@ -87,8 +87,8 @@ def _in_slurm_step() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from tfdist._pipes import survive_a_closed_output
     from tfdist.cli import _quiet
-    from tfdist.errors import PeerUnavailableError, TfdistError
 
     parser = build_parser()
     argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
@@ -98,6 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet.set_verbose(args.show_tensorflow_logs)
     if _in_slurm_step():  # the cluster is read with TensorFlow's Slurm host-list helpers: its start-up lines hidden
         _quiet.import_tensorflow()
+    with survive_a_closed_output():  # `tfdist train | tee log` stopped by Ctrl-C: tee is gone first
+        return _run_command(args)
+
+
+def _run_command(args) -> int:
+    from tfdist.errors import PeerUnavailableError, TfdistError
+
     try:
         return int(args.func(args) or 0)
     except PeerUnavailableError as e:

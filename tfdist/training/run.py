@@ -21,6 +21,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, _logs, storage
+from tfdist._pipes import survive_a_closed_output
 from tfdist import data as data_mod
 from tfdist import env
 from tfdist import strategy as strategy_mod
@@ -574,7 +575,7 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
     plan = shape.plan
     history = None
     try:
-        with controller.preemption.watcher:
+        with controller.preemption.watcher, survive_a_closed_output():  # `... | tee log`: Ctrl-C ends tee too
             if controller.start.global_step < plan.total_steps:
                 history = adapter.run(
                     built, controller, train_data=train_data, validation_data=val_data,

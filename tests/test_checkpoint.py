@@ -469,6 +469,25 @@ def test_a_checkpoint_past_the_end_of_the_run_asked_for_is_refused_with_the_epoc
     assert going_on.model is not None and going_on.tfdist.start_step == 27 and going_on.tfdist.global_step == 30
 
 
+
+def test_a_resume_at_other_steps_per_epoch_records_each_epoch_of_the_run_once(tmp_path):
+    # The saved epochs from the resumed one on were kept beside the new run's: 4 epochs in a 3-epoch run's History.
+    import tf_keras
+
+    class CrashInThirdEpoch(tf_keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch == 2 and batch + 1 == 6:  # step 36's end: the last save is 33, in epoch 2 of 15 steps
+                raise _Crash()
+
+    with pytest.raises(_Crash):
+        _fit(tmp_path, epochs=3, callbacks=[CrashInThirdEpoch()])
+    resumed = _fit(tmp_path, epochs=3, batch_size=10, allow_changes=True)  # 30 steps an epoch: step 33 is in epoch 1
+    assert resumed.tfdist.start_step == 33 and resumed.tfdist.global_step == 90
+    assert resumed.epoch == [0, 1, 2] and len(resumed.history["loss"]) == 3
+
 def test_a_resume_with_other_micro_batches_for_the_same_global_batch_says_so(tmp_path, caplog):
     # Accepted (the global batch is the run's), but silently, where a change of replicas is said.
     _fit(tmp_path, epochs=1, grad_accum_steps=2)

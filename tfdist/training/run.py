@@ -170,7 +170,7 @@ def fit(
             train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
         # 6. Run.
         controller = _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape,
-                                 start_step=start_step, history=point.metadata.history if point is not None else [],
+                                 start_step=start_step, history=_epochs_before(point, shape),
                                  callback_state=callback_state)
         keras_history = _run(adapter, built, controller, cluster, traits, shape, train_data, val_data, validation_steps,
                              callbacks=callbacks, verbose=verbose, checkpointer=checkpointer)
@@ -188,6 +188,13 @@ def fit(
         return history
     finally:
         files.close()
+
+
+def _epochs_before(point: ResumePoint | None, shape: _Shape) -> list:
+    """The recorded epochs before the one the run resumes in. The same as saved, unless the steps
+    per epoch changed (allow_changes): the saved epochs numbered from the resumed one on are then
+    the new run's to record, and were kept beside them (4 epochs in the History of a 3-epoch run)."""
+    return [] if point is None else list(point.metadata.history[: point.global_step // shape.plan.steps_per_epoch])
 
 
 def _give_back(model: Any, built: Any) -> None:

@@ -13,7 +13,9 @@ tf_keras layers inside a Keras 3 model); an instance-level rebinding of every va
 central_storage and parameter servers only, of ``assign_add``/``assign_sub`` on metric
 variables and the optimizer's iterations (see ``prepare``); and, on parameter servers only,
 of ``BatchNormalization._moments`` and its moving statistics' ``assign``
-(``_race_free_moving_statistics``).
+(``_race_free_moving_statistics``); for a model with several outputs, an instance-level
+rebinding of ``model._compile_loss.call`` and of its per-output trackers' ``update_state``
+(``_output_losses_weighted_by_examples``).
 """
 
 from __future__ import annotations

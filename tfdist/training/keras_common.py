@@ -106,6 +106,17 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
+def cpu_replicas_for_xla(strategy) -> int:
+    """The replicas on CPU devices of this process when there are several, else 0. XLA places a
+    compiled step on one CPU device, from which the other replicas' variables cannot be reached
+    ("Trying to access resource ... located in device CPU:1 from device CPU:0")."""
+    try:
+        local = list(strategy.extended.worker_devices)
+    except (AttributeError, RuntimeError):  # the default strategy (no scope) has none
+        return 0
+    return len(local) if len(local) > 1 and any("CPU" in d.upper() for d in local) else 0
+
+
 def merged_history(history_class, previous: list[dict], history=None):
     """A ``history_class`` (either Keras' History) holding every epoch of the run, earlier runs included."""
     merged = history_class()

@@ -21,7 +21,7 @@ from tfdist import _checks
 from tfdist._logs import without_retracing_warning
 from tfdist.errors import DataError
 from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model
-from tfdist.training.keras_common import LastModelCache
+from tfdist.training.keras_common import LastModelCache, cpu_replicas_for_xla
 
 log = logging.getLogger("tfdist")
 
@@ -124,19 +124,14 @@ class _Functions:
         # As Keras' fit does: a model compiled with jit_compile=True gets its replica steps compiled
         # by XLA inside strategy.run ("auto" has already resolved to False on CPUs and in a scope).
         wanted = getattr(model, "jit_compile", False) is True
-        try:
-            local = list(strategy.extended.worker_devices)
-        except (AttributeError, RuntimeError):  # the default strategy (no scope) has none
-            local = []
-        # XLA places a function on one CPU device: replicas on logical CPU devices cannot reach their variables.
-        cpu_replicas = len(local) > 1 and any("CPU" in d.upper() for d in local)
+        cpu_replicas = cpu_replicas_for_xla(strategy)
         if wanted and not parameter_server and not cpu_replicas:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
             test_step = tf.function(test_step, jit_compile=True, reduce_retracing=True)
-            log.info("tfdist: the model's train and test steps are compiled with XLA (jit_compile=True)")
+            log.info("the model's train and test steps are compiled with XLA (jit_compile=True)")
         elif wanted:
-            where = "under parameter_server" if parameter_server else f"to replicas on {len(local)} CPU devices"
-            log.warning("tfdist: jit_compile=True is not applied %s; the steps run without XLA", where)
+            where = "under parameter_server" if parameter_server else f"to replicas on {cpu_replicas} CPU devices"
+            log.warning("jit_compile=True is not applied %s; the steps run without XLA", where)
         self._model, self._strategy, self._step, self._test_step = model, strategy, step_fn, test_step
         self._reduce = _reducer(strategy, metric_names)
         self._ps = parameter_server

@@ -497,6 +497,34 @@ def test_a_resume_with_other_micro_batches_for_the_same_global_batch_says_so(tmp
     assert ("the checkpoint was saved with micro batches of 10 (2 accumulation step(s)), this run has 20 (1): same step "
             "and data order, but batch statistics (BatchNormalization) are over the new micro batches") in caplog.text
 
+
+def test_a_change_of_precision_is_a_change_of_the_run_and_named(tmp_path, caplog):
+    # It was not recorded: under Keras 3, float32 <-> mixed_float16 made every checkpoint "corrupt" (start a fresh run,
+    # said the fix), and float32 <-> mixed_bfloat16 went on without a word.
+    import tfdist
+    from tfdist.errors import CheckpointMismatchError
+    from tfdist.models import builder
+
+    def fit(directory, precision, **options):
+        return tfdist.fit(builder("linear", input_shape=(8, 8, 1), num_classes=10, keras="3"), "digits",
+                          batch_size=128, seed=1, strategy="one_device", verbose=0, checkpoint_dir=str(directory),
+                          mixed_precision=precision, **options)
+
+    fit(tmp_path, None, epochs=2, steps_per_epoch=5)  # float32, complete at step 10
+    before = _tree_digest(tmp_path)
+    with pytest.raises(CheckpointMismatchError, match=re.escape(
+            "precision: checkpoint 'float32', this run 'mixed_bfloat16' -- to go on in the checkpoint's, leave "
+            "mixed_precision out (no --mixed-precision)")):
+        fit(tmp_path, "mixed_bfloat16", epochs=3, steps_per_epoch=5)
+    for allow in (False, True):  # Keras 3's loss-scale optimizer holds other variables: not even deliberately
+        with pytest.raises(CheckpointMismatchError, match="written in float32, this run is in mixed_float16; under "
+                                                          "Keras 3 mixed_float16's optimizer holds a loss scale"):
+            fit(tmp_path, "mixed_float16", epochs=3, steps_per_epoch=5, allow_changes=allow)
+    assert _tree_digest(tmp_path) == before
+    with caplog.at_level("WARNING", logger="tfdist"):
+        resumed = fit(tmp_path, "mixed_bfloat16", epochs=3, steps_per_epoch=5, allow_changes=True)
+    assert resumed.tfdist.start_step == 10 and "resuming despite changes (allow_changes): precision:" in caplog.text
+
 def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_nothing(tmp_path, procs):
     from tfdist.errors import CheckpointError
 

@@ -543,6 +543,14 @@ class Checkpointer:
                 f"Keras 3 save different objects. Fix: train with {saved} ({'--keras 3' if saved == 'keras' else '--keras 2'}"
                 " on the command line), or use another checkpoint_dir; the checkpoints were left untouched."
             )
+        precision = self.run_metadata.precision_difference(metadata)
+        if precision and "mixed_float16" in precision and self.run_metadata.keras == "keras":
+            raise CheckpointMismatchError(  # Keras 3's optimizer then holds other variables: nothing restores
+                f"the checkpoint in {self.options.directory!r} was written in {precision[0]}, this run is in "
+                f"{precision[1]}; under Keras 3 mixed_float16's optimizer holds a loss scale that the other does not, "
+                f"so no checkpoint can move between them. Fix: {layout.precision_fix(precision[0])}, or use another "
+                "checkpoint_dir; the checkpoints were left untouched."
+            )
         differences = self.run_metadata.differences(metadata)
         if differences and not self.options.allow_changes:
             raise CheckpointMismatchError(

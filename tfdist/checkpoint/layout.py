@@ -322,6 +322,9 @@ class RunMetadata:
     """For people: what the data was (name, files, examples), quoted when the fingerprints differ."""
     keras: str | None = None
     """``keras`` (Keras 3) or ``tf_keras``: the two save other objects, so no change is allowed."""
+    precision: str | None = None
+    """The model's dtype policy (``float32``, ``mixed_float16``, ``mixed_bfloat16``): a change is
+    a change of the run (unknown for older checkpoints: not compared)."""
 
     # The TensorFlow version is part of the run: the data order comes from stateless random ops
     # (index_shuffle, philox), whose outputs TensorFlow does not promise to keep across versions.
@@ -337,10 +340,21 @@ class RunMetadata:
             return f"keras: checkpoint {theirs!r}, this run {self.keras!r}"
         return None
 
+    def precision_difference(self, saved: "Metadata") -> tuple[str, str] | None:
+        """(checkpoint's, this run's) dtype policy if they differ (None if either is unknown)."""
+        theirs = saved.raw.get("precision")
+        if isinstance(theirs, str) and self.precision and theirs != self.precision:
+            return theirs, self.precision
+        return None
+
     def differences(self, saved: "Metadata") -> list[str]:
         """One line per must-match field that differs from the checkpoint's."""
         mine = self.to_json()
         lines = []
+        precision = self.precision_difference(saved)
+        if precision:
+            lines.append(f"precision: checkpoint {precision[0]!r}, this run {precision[1]!r} -- to go on in the "
+                         f"checkpoint's, {precision_fix(precision[0])}")
         for key in self.MUST_MATCH:
             if saved.raw.get(key) == mine[key]:
                 continue
@@ -361,6 +375,15 @@ class RunMetadata:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def precision_fix(policy: str) -> str:
+    """How a run is put in the dtype policy ``policy``, in words for an error's fix."""
+    if policy == "float32":
+        return "leave mixed_precision out (no --mixed-precision)"
+    if policy in ("mixed_float16", "mixed_bfloat16"):
+        return f"pass mixed_precision={policy!r} (--mixed-precision {policy})"
+    return f"build the model under the {policy!r} dtype policy"
 
 
 def _typed(value: Any, kind: type | tuple[type, ...]) -> Any:

@@ -99,6 +99,12 @@ def precision_policy(precision: str):
             keras.mixed_precision.set_dtype_policy(previous)
 
 
+def precision_of(model: Any) -> str | None:
+    """The dtype policy ``model`` was built under (``float32``, ``mixed_float16``...), either Keras."""
+    name = getattr(getattr(model, "dtype_policy", None), "name", None)
+    return name if isinstance(name, str) else None
+
+
 def adapter_for(model: Any, strategy, *, what: str = "model", use: str = "fit"):
     """The adapter of ``model``: ``keras3.Keras3`` or ``keras2.TfKeras``. ``what``: how to name
     the model (``model returned by the builder function``); ``use``: fit, evaluate or predict."""

@@ -399,6 +399,7 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         tfdist_version=tfdist.__version__,
         tensorflow_version=tf.__version__,
         keras=keras_of(built).__name__,
+        precision=model_mod.precision_of(built),
         data_order=plan.order_record(),
         class_weight=shape.class_weight.record() if shape.class_weight is not None else None,
     )

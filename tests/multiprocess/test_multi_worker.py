@@ -280,3 +280,34 @@ def test_the_chief_alone_writes_the_files_of_the_users_callbacks(procs, tmp_path
     # Each worker's callbacks name the user's paths again after fit; worker 1's scratch files are gone.
     paths = [json.loads(line.split("PATHS ", 1)[1]) for line in printed.splitlines() if "PATHS " in line]
     assert len(paths) == 2 and paths[0] == paths[1] and all(p.startswith(str(out)) for p in paths[0])
+
+
+XLA_SCRIPT = '''
+import logging, sys
+import tfdist
+from tfdist.data import load_digits
+
+train, _ = load_digits()
+for name in ("keras", "tf_keras"):
+    keras = __import__(name)
+
+    def build():
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=True)
+        return model
+
+    history = tfdist.fit(build, (train.x, train.y), epochs=1, steps_per_epoch=3, batch_size=32, seed=0, verbose=0)
+    print("TRAINED", name, history.tfdist.strategy, history.tfdist.global_step, flush=True)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_jit_compile_on_cpu_workers_trains_without_xla_and_says_so(procs, tmp_path):
+    # XLA compiles NCCL's collectives only: every worker failed its first step ("Only compiling NCCL/auto collective
+    # is supported, got: ring"), after Keras 3's loop had logged that the steps were compiled with XLA.
+    out = procs.launch_script(tmp_path / "xla.py", XLA_SCRIPT, cluster=SYNC_CLUSTER)
+    for name in ("keras", "tf_keras"):
+        assert out.count(f"TRAINED {name} multi_worker_mirrored 3") == 2, out[-4000:]
+    assert out.count("jit_compile=True is not applied under multi_worker_mirrored with the ring all-reduce") == 4
+    assert "compiled with XLA" not in out

@@ -12,8 +12,9 @@ from typing import Any, Sequence
 from tfdist import _checks
 from tfdist.errors import ModelError
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
-                                          compile_fix, cpu_replicas_for_xla, defined_in, fresh_metrics, merged_history,
-                                          model_fingerprint, not_a_model, summed_gradients, warn_low_precision_outputs)
+                                          compile_fix, defined_in, fresh_metrics, merged_history,
+                                          model_fingerprint, not_a_model, summed_gradients, warn_low_precision_outputs,
+                                          xla_unavailable)
 
 log = logging.getLogger("tfdist")
 
@@ -278,12 +279,10 @@ class TfKeras:
         build_state(model, sample)
         if strategy_mod.name_of(self.strategy) == strategy_mod.PARAMETER_SERVER:
             race_free_moving_statistics(model)
-        cpu_replicas = cpu_replicas_for_xla(self.strategy)
-        if getattr(model, "jit_compile", False) is True and cpu_replicas and strategy_mod.name_of(self.strategy) in (
-                strategy_mod.MIRRORED, strategy_mod.MULTI_WORKER_MIRRORED):  # central storage's variables are on one
+        unavailable = xla_unavailable(self.strategy, one_copy_compiles=True)
+        if getattr(model, "jit_compile", False) is True and unavailable:
             model.jit_compile = False
-            log.warning("jit_compile=True is not applied to replicas on %d CPU devices; the steps run without XLA",
-                        cpu_replicas)
+            log.warning("jit_compile=True is not applied %s; the steps run without XLA", unavailable)
 
     def state(self, model):
         """What a checkpoint holds of the model: tf_keras metric objects are checkpointable, and

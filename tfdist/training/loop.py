@@ -21,7 +21,7 @@ from tfdist import _checks
 from tfdist._logs import without_retracing_warning
 from tfdist.errors import DataError
 from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model
-from tfdist.training.keras_common import LastModelCache, cpu_replicas_for_xla
+from tfdist.training.keras_common import LastModelCache, xla_unavailable
 
 log = logging.getLogger("tfdist")
 
@@ -124,14 +124,13 @@ class _Functions:
         # As Keras' fit does: a model compiled with jit_compile=True gets its replica steps compiled
         # by XLA inside strategy.run ("auto" has already resolved to False on CPUs and in a scope).
         wanted = getattr(model, "jit_compile", False) is True
-        cpu_replicas = cpu_replicas_for_xla(strategy)
-        if wanted and not parameter_server and not cpu_replicas:
+        unavailable = "under parameter_server" if parameter_server else xla_unavailable(strategy)
+        if wanted and not unavailable:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
             test_step = tf.function(test_step, jit_compile=True, reduce_retracing=True)
             log.info("the model's train and test steps are compiled with XLA (jit_compile=True)")
         elif wanted:
-            where = "under parameter_server" if parameter_server else f"to replicas on {cpu_replicas} CPU devices"
-            log.warning("jit_compile=True is not applied %s; the steps run without XLA", where)
+            log.warning("jit_compile=True is not applied %s; the steps run without XLA", unavailable)
         self._model, self._strategy, self._step, self._test_step = model, strategy, step_fn, test_step
         self._reduce = _reducer(strategy, metric_names)
         self._ps = parameter_server

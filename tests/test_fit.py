@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 import textwrap
 
@@ -159,6 +160,20 @@ def test_refusals_name_the_problem_and_the_fix():
 
     with pytest.raises(ModelError, match="grad_accum_steps=2 with a model whose class OwnStep overrides train_step. Fix:"):
         tfdist.fit(own_step, "digits", strategy="one_device", verbose=0, batch_size=64, grad_accum_steps=2)
+    # A ready model and mixed_precision: the fix says whether leaving it out would do.
+    ready = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
+    ready.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ModelError, match=re.escape("received a ready model (built under 'float32'). Fix: pass a "
+                                                   "function that builds and compiles the model.")):
+        tfdist.fit(ready, "digits", strategy="one_device", verbose=0, mixed_precision="mixed_bfloat16")
+    tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        ready = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
+        ready.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+    with pytest.raises(ModelError, match="or leave mixed_precision out: the model already has that policy"):
+        tfdist.fit(ready, "digits", strategy="one_device", verbose=0, mixed_precision="mixed_bfloat16")
 
 
 def test_gradient_accumulation_equals_the_large_batch_under_one_device():

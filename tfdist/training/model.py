@@ -143,9 +143,11 @@ def resolve(model: Any, strategy, *, precision: str = "float32"):
         adapter = adapter_for(model, strategy)
         adapter.check(model)
         if precision != "float32":
+            ready = precision_of(model)
             raise ModelError(
-                f"mixed_precision={precision!r} needs the model to be built under the policy; received a ready model. "
-                "Fix: pass a function that builds and compiles the model."
+                f"mixed_precision={precision!r} sets the policy the model is built under; received a ready model "
+                f"(built under {ready!r}). Fix: pass a function that builds and compiles the model"
+                + (", or leave mixed_precision out: the model already has that policy." if ready == precision else ".")
             )
         built = adapter.in_scope(model)
     adapter.after_build(built)

@@ -498,6 +498,25 @@ def test_a_resume_with_other_micro_batches_for_the_same_global_batch_says_so(tmp
             "and data order, but batch statistics (BatchNormalization) are over the new micro batches") in caplog.text
 
 
+
+def test_a_resume_with_xla_switched_says_the_run_no_longer_ends_bit_identical(tmp_path, caplog):
+    # Accepted, as a change of kernels is, but it was silent: the final weights differed by up to 0.05.
+    _fit(tmp_path, epochs=1)
+
+    def with_xla():
+        model = _tiny()
+        model.compile(model.optimizer, model.loss, metrics=["accuracy"], steps_per_execution=3, jit_compile=True)
+        return model
+
+    import tfdist
+
+    with caplog.at_level("WARNING", logger="tfdist"):
+        resumed = tfdist.fit(with_xla, (_X, _Y), epochs=2, batch_size=20, seed=2, strategy="one_device", verbose=0,
+                             checkpoint_dir=str(tmp_path), save_every_steps=3)
+    assert resumed.tfdist.start_step == 15
+    assert ("the checkpoint was saved with jit_compile=False, this run has jit_compile=True: it goes on from the same "
+            "step, but does not end bit-identical to a run that kept it") in caplog.text
+
 def test_a_change_of_precision_is_a_change_of_the_run_and_named(tmp_path, caplog):
     # It was not recorded: under Keras 3, float32 <-> mixed_float16 made every checkpoint "corrupt" (start a fresh run,
     # said the fix), and float32 <-> mixed_bfloat16 went on without a word.

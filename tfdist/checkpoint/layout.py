@@ -325,6 +325,8 @@ class RunMetadata:
     precision: str | None = None
     """The model's dtype policy (``float32``, ``mixed_float16``, ``mixed_bfloat16``): a change is
     a change of the run (unknown for older checkpoints: not compared)."""
+    jit_compile: bool | None = None
+    """Whether the model asked for XLA; a change is said on resume, not refused."""
 
     # The TensorFlow version is part of the run: the data order comes from stateless random ops
     # (index_shuffle, philox), whose outputs TensorFlow does not promise to keep across versions.

@@ -400,6 +400,7 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         tensorflow_version=tf.__version__,
         keras=keras_of(built).__name__,
         precision=model_mod.precision_of(built),
+        jit_compile=getattr(built, "jit_compile", None) is True,
         data_order=plan.order_record(),
         class_weight=shape.class_weight.record() if shape.class_weight is not None else None,
     )
@@ -434,6 +435,10 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
                      "same step and data order, but batch statistics (BatchNormalization) are over the new micro "
                      "batches, so the run goes on differently from one that kept them", saved_micro,
                      point.metadata.run_value("grad_accum_steps") or "?", sizes.micro_batch_size, sizes.grad_accum_steps)
+        saved_xla = point.metadata.run_value("jit_compile")  # other kernels: the same run, other rounding
+        if isinstance(saved_xla, bool) and saved_xla != run.jit_compile:
+            log.warning("the checkpoint was saved with jit_compile=%s, this run has jit_compile=%s: it goes on from "
+                        "the same step, but does not end bit-identical to a run that kept it", saved_xla, run.jit_compile)
         if point.global_step >= plan.total_steps and not _is_complete(point, shape):
             checkpointer.close()
             raise CheckpointMismatchError(

@@ -49,7 +49,7 @@ def test_a_sigterm_after_the_last_step_exits_to_be_restarted_and_the_restart_fin
 
     with pytest.raises(SystemExit) as stopped:
         fit([SigtermAtTheEnd()])
-    assert stopped.value.code == 75
+    assert stopped.value.code == 75 and stopped.value.history.tfdist.global_step == 11  # what fit would have returned
     assert layout.latest_metadata(str(tmp_path)).complete
     again = fit([])
     assert again.tfdist.completed and again.tfdist.start_step == again.tfdist.global_step == 11
@@ -379,3 +379,17 @@ def test_ctrl_c_to_tfdist_train_piped_into_tee_saves_its_step_and_exits_130(proc
     code, again = procs.tfdist("train", "--model", "linear", "--epochs", "40", "--save-every-steps", "100000",
                                "--output-dir", str(out), timeout=200)
     assert code == 0 and f"global step {saved}" in again, again[-2000:]
+
+
+
+def test_tfdist_train_writes_the_model_of_a_run_a_sigterm_reached_after_its_last_step(tmp_path, monkeypatch, capsys):
+    # fit exits with 75 there, as promised; tfdist train exited with it before writing model.keras, so a job not
+    # restarted ended complete without its model file.
+    from tfdist.checkpoint import layout
+    from tfdist.cli import main
+
+    monkeypatch.setenv("TFDIST_FAULT", "term_at_step:44")  # the last step: acted on after the epoch's validation
+    out = tmp_path / "out"
+    assert main(["train", "--model", "linear", "--epochs", "1", "--output-dir", str(out)]) == 0
+    assert (out / "model.keras").is_file() and "step 44/44" in capsys.readouterr().out
+    assert layout.latest_metadata(str(out / "checkpoints")).complete

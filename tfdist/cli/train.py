@@ -145,7 +145,7 @@ def run_command(args: argparse.Namespace) -> int:
     cluster = cluster_mod.detect()  # an invalid TF_CONFIG fails here, before TensorFlow starts
     from tfdist import storage
     from tfdist.training import export
-    from tfdist.training.preemption import DeferredSignals
+    from tfdist.training.preemption import DeferredSignals, PreemptedAfterTheEnd
 
     model_path = None if args.no_save_model else args.save_model or storage.join(args.output_dir, "model" + export.SUFFIX)
     if model_path is not None:
@@ -216,37 +216,40 @@ def run_command(args: argparse.Namespace) -> int:
     from tfdist.strategy import trains_here
 
     serves = not trains_here(args.strategy, cluster)  # a parameter-server job's workers and ps run no callbacks
-    history = fit(
-        builder,
-        train,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        per_replica_batch_size=args.per_replica_batch_size,
-        steps_per_epoch=args.steps_per_epoch,
-        strategy=args.strategy,
-        validation_data=validation,
-        validation_freq=args.validation_freq,
-        callbacks=[] if serves else [models.keras_module(args.keras).callbacks.TensorBoard(log_dir=log_dir)],
-        seed=args.seed,
-        deterministic=args.deterministic,
-        verbose=args.verbose if args.verbose is not None else "auto",
-        grad_accum_steps=args.grad_accum_steps,
-        class_weight=args.class_weight,
-        mixed_precision=args.mixed_precision,
-        checkpoint_dir=checkpoint_dir,
-        save_every_steps=args.save_every_steps,
-        save_every_seconds=args.save_every_seconds,
-        keep=args.keep,
-        keep_every_hours=args.keep_every_hours,
-        async_save=not args.sync_save,
-        resume=not args.no_resume,
-        allow_changes=args.allow_changes,
-        devices=devices,
-        all_reduce=args.all_reduce,
-        bytes_per_pack=args.bytes_per_pack,
-        collective_timeout=args.collective_timeout,
-        cluster=cluster,
-    )
+    try:
+        history = fit(
+            builder,
+            train,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            per_replica_batch_size=args.per_replica_batch_size,
+            steps_per_epoch=args.steps_per_epoch,
+            strategy=args.strategy,
+            validation_data=validation,
+            validation_freq=args.validation_freq,
+            callbacks=[] if serves else [models.keras_module(args.keras).callbacks.TensorBoard(log_dir=log_dir)],
+            seed=args.seed,
+            deterministic=args.deterministic,
+            verbose=args.verbose if args.verbose is not None else "auto",
+            grad_accum_steps=args.grad_accum_steps,
+            class_weight=args.class_weight,
+            mixed_precision=args.mixed_precision,
+            checkpoint_dir=checkpoint_dir,
+            save_every_steps=args.save_every_steps,
+            save_every_seconds=args.save_every_seconds,
+            keep=args.keep,
+            keep_every_hours=args.keep_every_hours,
+            async_save=not args.sync_save,
+            resume=not args.no_resume,
+            allow_changes=args.allow_changes,
+            devices=devices,
+            all_reduce=args.all_reduce,
+            bytes_per_pack=args.bytes_per_pack,
+            collective_timeout=args.collective_timeout,
+            cluster=cluster,
+        )
+    except PreemptedAfterTheEnd as late:  # the run is complete and saved: its model file is written all the same
+        history = late.history
     if history is None:  # a ps or worker task of a parameter-server cluster, stopped
         return 0
     summary = history.tfdist

@@ -43,6 +43,17 @@ class Preempted(Exception):
         self.saved = saved
 
 
+class PreemptedAfterTheEnd(SystemExit):
+    """What ``fit`` raises when a preemption signal came after the run's last step: the exit
+    with ``EXIT_PREEMPTED`` it promised (a restart finds the run complete). ``history`` is what
+    ``fit`` would have returned, so that a caller that catches it (``tfdist train``, which then
+    writes the model file) loses nothing."""
+
+    def __init__(self, history):
+        super().__init__(env.EXIT_PREEMPTED)
+        self.history = history
+
+
 def interrupted(step: int, *, saved: bool, complete: bool = False, elsewhere: bool = False) -> KeyboardInterrupt:
     """What ``fit`` raises when Ctrl-C (SIGINT) stopped it at a step boundary, after that step
     was saved: a ``KeyboardInterrupt`` whose message says where, with ``step`` (the global step

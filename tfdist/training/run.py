@@ -37,8 +37,8 @@ from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
 from tfdist.training.faults import Faults
 from tfdist.training.keras_common import keras_of
-from tfdist.training.preemption import (Agreement, Preempted, Preemption, PreemptionWatcher, SetupSignals,
-                                        interrupted)
+from tfdist.training.preemption import (Agreement, Preempted, PreemptedAfterTheEnd, Preemption, PreemptionWatcher,
+                                        SetupSignals, interrupted)
 from tfdist.training.summary import FitSummary, summarize
 
 log = logging.getLogger("tfdist")
@@ -185,6 +185,8 @@ def fit(
             checkpoint_dir=checkpoint_dir,
         )
         _give_back(model, built)
+        if controller.preemption.watcher.requested:  # after the last step (said in _run): the exit promised
+            raise PreemptedAfterTheEnd(history)
         return history
     finally:
         files.close()
@@ -622,11 +624,10 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
     watcher = controller.preemption.watcher
     if watcher.interrupted:  # Ctrl-C came too late to stop before the end
         raise interrupted(controller.global_step, saved=checkpointer is not None, complete=True)
-    if watcher.requested:  # a preemption came too late too: the process exits as it promised, the run complete
+    if watcher.requested:  # a preemption came too late too: fit exits as it promised once its History is made
         log.warning("%s came after the last step: the run is complete at step %d%s; exiting with code %d as for any "
                     "preemption (a restart finds the run complete)", watcher.signal_name, controller.global_step,
                     ", saved" if checkpointer is not None else "", env.EXIT_PREEMPTED)
-        raise SystemExit(env.EXIT_PREEMPTED)
     return history
 
 

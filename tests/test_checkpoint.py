@@ -543,6 +543,16 @@ def test_a_change_of_precision_is_a_change_of_the_run_and_named(tmp_path, caplog
     with caplog.at_level("WARNING", logger="tfdist"):
         resumed = fit(tmp_path, "mixed_bfloat16", epochs=3, steps_per_epoch=5, allow_changes=True)
     assert resumed.tfdist.start_step == 10 and "resuming despite changes (allow_changes): precision:" in caplog.text
+    # Checkpoints written before the precision was recorded: the dtypes differ, which is no damage.
+    older = tmp_path / "older"
+    fit(older, None, epochs=1, steps_per_epoch=5)
+    for path in older.glob("ckpt-*.tfdist.json"):
+        record = json.loads(path.read_text())
+        del record["precision"]
+        path.write_text(json.dumps(record))
+    with pytest.raises(CheckpointMismatchError, match=r"hold other variables than this run's model and optimizer; "
+                                                      r"received 1 checkpoint\(s\) .*another mixed_precision\?"):
+        fit(older, "mixed_float16", epochs=2, steps_per_epoch=5)
 
 def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_nothing(tmp_path, procs):
     from tfdist.errors import CheckpointError

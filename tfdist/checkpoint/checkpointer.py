@@ -613,6 +613,11 @@ class Checkpointer:
                 continue
             except (tf.errors.OpError, IndexError, OSError) as e:  # IndexError: a truncated file
                 _expect_partial(e)
+                if _other_dtype(e):  # e.g. a checkpoint from before tfdist recorded the precision, in another one
+                    log.warning("checkpoint %s holds variables of other dtypes than this run's model and optimizer "
+                                "(%s); falling back to the previous one", path, describe(e))
+                    mismatched.append(f"{describe(e)}; another mixed_precision?")
+                    continue
                 log.warning("checkpoint %s cannot be read (%s); falling back to the previous one", path, describe(e))
                 continue
             self._restore_replica_state(path, metadata)
@@ -695,6 +700,13 @@ def _take_async_error(root) -> BaseException | None:
     if error is not None:
         helper._async_error = None
     return error
+
+
+def _other_dtype(error: BaseException) -> bool:
+    """A restore that failed on a variable saved in another dtype (not damage: another run's variables)."""
+    import tensorflow as tf
+
+    return isinstance(error, tf.errors.InvalidArgumentError) and "does not equal original dtype" in str(error)
 
 
 def _expect_partial(error: BaseException) -> None:

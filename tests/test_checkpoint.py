@@ -428,6 +428,7 @@ def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path, caplog)
         changed = _fit(tmp_path, epochs=2, batch_size=30, allow_changes=True)  # deliberate change
     assert changed.tfdist.start_step == 15 and changed.tfdist.global_step == 20
     assert caplog.text.count("resuming despite changes") == 1
+    assert "saved with micro batches" not in caplog.text  # it says "same step and data order": not so here
     # 15 steps of 20 were one epoch; at 10 steps of 30 an epoch, step 15 is in the second: said, with the fix.
     assert ("saved at 15 steps per epoch (global step 15: epoch 1, step 0), this run has 10. A run's position is "
             "its global step, so it goes on at epoch 1, step 5, and epochs=2 ends at step 20; for N more epochs of "

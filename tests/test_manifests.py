@@ -302,6 +302,9 @@ def test_grace_and_restarts_reach_every_deployment_and_its_notes():
     never = JobDescription.from_flags(workers="h:1", restarts=0)
     assert yaml.safe_load(manifests.render(never, format="compose"))["services"]["worker-0"]["restart"] == "no"
     for flags, message in ((dict(grace_seconds=0), "invalid --grace; received 0. Fix: give the seconds"),
+                           (dict(grace_seconds=99999999999), "invalid --grace; received 99999999999. Fix: give the "
+                                                             "seconds a stopped task has to save before it is killed, "
+                                                             "from 1 to 86400"),
                            (dict(restarts=-1), "invalid --restarts; received -1. Fix: give how many"),
                            (dict(grace_seconds=True), "invalid --grace; received True")):
         with pytest.raises(ClusterConfigError, match=re.escape(message)):

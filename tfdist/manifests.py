@@ -45,6 +45,8 @@ GPU_BASE_IMAGE = "tensorflow/tensorflow:2.21.0-gpu"
 GRACE_SECONDS = 120
 """How long a stopped task has between SIGTERM and SIGKILL (Kubernetes' default is 30 s, compose's
 10 s): tfdist saves at the end of the current step on SIGTERM, which must fit in it."""
+MAX_GRACE_SECONDS = 86_400
+"""A day: a save takes minutes; docker reads durations only up to about 292 years."""
 COMPOSE_RESTARTS = 3
 """Restarts of a compose service after a failed exit (a preemption's 75, a lost peer's 76, a
 crash); bounded, so that bad input's exit 2 stops. Docker does not restart a container that
@@ -221,10 +223,10 @@ class JobDescription:
         if not isinstance(self.storage_size, str) or not re.fullmatch(_QUANTITY, self.storage_size):
             raise config_error(_WHERE, "--storage-size", self.storage_size,
                                "give a Kubernetes quantity such as 10Gi, 500Gi or 2Ti.")
-        if not _whole(self.grace_seconds, least=1):
+        if not _whole(self.grace_seconds, least=1) or self.grace_seconds > MAX_GRACE_SECONDS:
             raise config_error(_WHERE, "--grace", self.grace_seconds,
-                               f"give the seconds a stopped task has to save before it is killed, 1 or more "
-                               f"(default {GRACE_SECONDS}; at least a checkpoint's write time).")
+                               f"give the seconds a stopped task has to save before it is killed, from 1 to "
+                               f"{MAX_GRACE_SECONDS} (default {GRACE_SECONDS}; at least a checkpoint's write time).")
         if self.restarts is not None and not _whole(self.restarts, least=0):
             raise config_error(_WHERE, "--restarts", self.restarts, "give how many restarts the job allows, 0 or more.")
 

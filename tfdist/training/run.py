@@ -432,7 +432,8 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
                 point.global_step % spe, plan.epochs, plan.total_steps, -(-point.global_step // spe),
             )
         saved_micro, sizes = point.metadata.run_value("micro_batch_size"), shape.sizes
-        if isinstance(saved_micro, int) and saved_micro != sizes.micro_batch_size:  # same global batch
+        same_global = point.metadata.run_value("global_batch_size") == sizes.global_batch_size
+        if same_global and isinstance(saved_micro, int) and saved_micro != sizes.micro_batch_size:
             log.info("the checkpoint was saved with micro batches of %d (%s accumulation step(s)), this run has %d (%d): "
                      "same step and data order, but batch statistics (BatchNormalization) are over the new micro "
                      "batches, so the run goes on differently from one that kept them", saved_micro,

@@ -80,10 +80,21 @@ def _at_once() -> KeyboardInterrupt:
 
 
 class _SignalHandlers:
-    """Signal handlers installed for a ``with`` block; the previous ones come back at its end."""
+    """Signal handlers installed for a ``with`` block; the previous ones come back at its end. By
+    default the block's ``_on_signal`` answers the preemption signals (in the main thread only,
+    where Python runs handlers)."""
 
     def __init__(self):
         self._previous: dict[int, object] = {}
+
+    def _on_signal(self, signum, frame):
+        raise NotImplementedError
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._install(sig, self._on_signal)
+        return self
 
     def _install(self, sig: int, handler) -> None:
         self._previous[sig] = signal.signal(sig, handler)
@@ -101,7 +112,7 @@ class SetupSignals(_SignalHandlers):
     restarted, instead of being lost or waiting for the first step. ``PreemptionWatcher`` takes
     over when training begins."""
 
-    def _exit(self, signum, frame):
+    def _on_signal(self, signum, frame):
         # At once, as a SIGKILL would (which every state of a run survives): an exception raised
         # here would surface inside whatever TensorFlow call is running, mangled by its bindings.
         log.warning("%s received before training began: exiting with code %d (nothing trained yet; a restart "
@@ -109,12 +120,6 @@ class SetupSignals(_SignalHandlers):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(env.EXIT_PREEMPTED)
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                self._install(sig, self._exit)
-        return self
 
 
 class DeferredSignals(_SignalHandlers):
@@ -127,17 +132,11 @@ class DeferredSignals(_SignalHandlers):
         super().__init__()
         self.received: str | None = None
 
-    def _note(self, signum, frame):
+    def _on_signal(self, signum, frame):
         if self.received is None:
             self.received = signal.Signals(signum).name
             log.warning("%s received after the run completed: finishing writing its results, then exiting",
                         self.received)
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                self._install(sig, self._note)
-        return self
 
 
 class PreemptionWatcher(_SignalHandlers):
@@ -158,7 +157,7 @@ class PreemptionWatcher(_SignalHandlers):
         """Whether the request is Ctrl-C's (stop) rather than a preemption's (exit to be restarted)."""
         return self.signal_name == INTERRUPT_NAME
 
-    def _handle(self, signum, frame):
+    def _on_signal(self, signum, frame):
         if not self._event.is_set():
             self.signal_name = signal.Signals(signum).name
             self.received_at = time.monotonic()
@@ -183,9 +182,8 @@ class PreemptionWatcher(_SignalHandlers):
                     "stop at once (losing the steps since the last save)")
 
     def __enter__(self):
+        super().__enter__()
         if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
-                self._install(sig, self._handle)
             if signal.getsignal(INTERRUPT) is not signal.SIG_IGN:  # an ignored Ctrl-C stays ignored
                 self._install(INTERRUPT, self._handle_interrupt)
         else:

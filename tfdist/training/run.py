@@ -185,7 +185,11 @@ def fit(
             checkpoint_dir=checkpoint_dir,
         )
         _give_back(model, built)
-        if controller.preemption.watcher.requested:  # after the last step (said in _run): the exit promised
+        watcher = controller.preemption.watcher
+        if watcher.requested:  # a preemption that came after the last step: the exit it promised, the run complete
+            log.warning("%s came after the last step: the run is complete at step %d%s; exiting with code %d as for "
+                        "any preemption (a restart finds the run complete)", watcher.signal_name,
+                        controller.global_step, ", saved" if checkpointer is not None else "", env.EXIT_PREEMPTED)
             raise PreemptedAfterTheEnd(history)
         return history
     finally:
@@ -622,13 +626,8 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
         raise
     if checkpointer is not None:
         checkpointer.close()
-    watcher = controller.preemption.watcher
-    if watcher.interrupted:  # Ctrl-C came too late to stop before the end
+    if controller.preemption.watcher.interrupted:  # Ctrl-C came too late to stop before the end
         raise interrupted(controller.global_step, saved=checkpointer is not None, complete=True)
-    if watcher.requested:  # a preemption came too late too: fit exits as it promised once its History is made
-        log.warning("%s came after the last step: the run is complete at step %d%s; exiting with code %d as for any "
-                    "preemption (a restart finds the run complete)", watcher.signal_name, controller.global_step,
-                    ", saved" if checkpointer is not None else "", env.EXIT_PREEMPTED)
     return history
 
 

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from tfdist import env
+from tfdist import _checks, env
 from tfdist.cluster import ADDRESS, CHIEF, EVALUATOR, PS, ROLES, WORKER, ClusterSpec, check_address, config_error
 
 FORMATS = ("env", "json", "compose", "k8s", "tfjob")
@@ -223,11 +223,11 @@ class JobDescription:
         if not isinstance(self.storage_size, str) or not re.fullmatch(_QUANTITY, self.storage_size):
             raise config_error(_WHERE, "--storage-size", self.storage_size,
                                "give a Kubernetes quantity such as 10Gi, 500Gi or 2Ti.")
-        if not _whole(self.grace_seconds, least=1) or self.grace_seconds > MAX_GRACE_SECONDS:
+        if not (_checks.is_int(self.grace_seconds) and 1 <= self.grace_seconds <= MAX_GRACE_SECONDS):
             raise config_error(_WHERE, "--grace", self.grace_seconds,
                                f"give the seconds a stopped task has to save before it is killed, from 1 to "
                                f"{MAX_GRACE_SECONDS} (default {GRACE_SECONDS}; at least a checkpoint's write time).")
-        if self.restarts is not None and not _whole(self.restarts, least=0):
+        if self.restarts is not None and not (_checks.is_int(self.restarts) and self.restarts >= 0):
             raise config_error(_WHERE, "--restarts", self.restarts, "give how many restarts the job allows, 0 or more.")
 
     def restarts_or(self, default: int) -> int:
@@ -269,10 +269,6 @@ def service_name(role: str, index: int) -> str:
 
 def _pod_name(name: str, role: str, index: int) -> str:
     return f"{name}-{role}-{index}"  # Kubeflow's naming, used for the k8s Jobs too
-
-
-def _whole(value: Any, *, least: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _is_image(value: Any) -> bool:

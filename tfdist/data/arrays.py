@@ -31,6 +31,8 @@ def hash_arrays(*arrays: np.ndarray) -> str:
     """A short content hash (at most ~64 MB of each array is read, evenly strided)."""
     digest = hashlib.sha256()
     for array in arrays:
+        if array.dtype == object:  # strings (see _strings_as_text): their bytes, each with its length
+            array = np.frombuffer(b"".join(len(v).to_bytes(8, "little") + v for v in array.reshape(-1)), np.uint8)
         array = np.ascontiguousarray(array)
         digest.update(f"{array.dtype.str}{array.shape}".encode())
         flat = array.reshape(-1).view(np.uint8) if array.size else np.zeros(0, np.uint8)
@@ -100,42 +102,77 @@ def split_point(count: int, fraction: Any, *, name: str, unit: str) -> int:
     return cut
 
 
+def _element(x: Any, y: Any, sample_weight: Any) -> Any:
+    """One example's structure as Keras' ``fit`` passes it to ``train_step``: ``x`` alone when
+    there are no labels (a tuple or list of inputs as ``(x,)``), else ``(x, y[, sample_weight])``."""
+    if y is None:
+        return (x,) if isinstance(x, (tuple, list)) else x
+    return (x, y) if sample_weight is None else (x, y, sample_weight)
+
+
+def _strings_as_text(path: str, leaf: np.ndarray, name: str) -> np.ndarray:
+    """``leaf``, with an array of Python objects that are all strings (a pandas column) as an array
+    of UTF-8 bytes, which TensorFlow reads as ``tf.string``; other objects are refused."""
+    if leaf.dtype != object:
+        return leaf
+    flat = leaf.reshape(-1)
+    if flat.size and all(isinstance(v, (str, bytes)) for v in flat):
+        return np.array([v.encode() if isinstance(v, str) else v for v in flat], dtype=object).reshape(leaf.shape)
+    kinds = sorted({type(v).__name__ for v in flat[:1000]} - {"str", "bytes"})
+    raise DataError(
+        f"`data` {path} must be numbers or strings; received an array of Python objects ({', '.join(kinds)}) "
+        f"from {name}. Fix: convert it to a numeric dtype (np.asarray(..., np.float32)), or to strings (.astype(str))."
+    )
+
+
 class ArraySource:
-    """In-memory examples ``(x, y)`` or ``(x, y, sample_weight)``, addressable by index.
+    """In-memory examples ``(x, y)``, ``(x, y, sample_weight)``, or ``x`` alone, addressable by index.
 
     ``x`` (and ``y``) may be one array or a dict, list or tuple of arrays (a model with several
     inputs or outputs); every array holds one row per example. ``sample_weight``, optional,
-    weighs each example's loss and metrics (Keras' third element).
+    weighs each example's loss and metrics (Keras' third element). Without ``y`` an element is
+    ``x`` itself (a tuple of inputs becomes ``(x,)``), as Keras' ``fit(x)`` hands it to
+    ``train_step``: autoencoders, VAEs, GANs. Arrays of Python strings (pandas' object
+    columns) become string tensors.
     """
 
     index_addressable = True
 
-    def __init__(self, x: Any, y: Any, sample_weight: Any = None, *, name: str = "arrays"):
+    def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, *, name: str = "arrays"):
         import tensorflow as tf
 
-        self.x, self.y = _as_arrays(x), _as_arrays(y)
+        self.x = _as_arrays(x)
+        self.y = None if y is None else _as_arrays(y)
         self.sample_weight = None if sample_weight is None else _as_arrays(sample_weight)
         self.name = name
-        self._element = (self.x, self.y) if self.sample_weight is None else (self.x, self.y, self.sample_weight)
-        self._paths: list[str] = tf.nest.flatten(_named(self._element, ("x", "y", "sample_weight")))
-        self._leaves: list[np.ndarray] = tf.nest.flatten(self._element)
+        if self.y is None and self.sample_weight is not None:
+            raise DataError(f"`sample_weight` needs labels; received sample_weight without y from {name}. "
+                            "Fix: pass (x, y, sample_weight), or leave sample_weight out.")
+        self.labels_given = self.y is not None
+        self._element = _element(self.x, self.y, self.sample_weight)
+        self._paths: list[str] = tf.nest.flatten(_named(self._parts(), ("x", "y", "sample_weight")))
+        self._leaves: list[np.ndarray] = [_strings_as_text(path, leaf, name)
+                                          for path, leaf in zip(self._paths, tf.nest.flatten(self._element))]
+        self._element = tf.nest.pack_sequence_as(self._element, self._leaves)
+        if self.labels_given:
+            self.x, self.y = self._element[:2]
+        else:
+            self.x = self._element[0] if isinstance(self.x, (tuple, list)) else self._element
         shapes = ", ".join(f"{path} of shape {leaf.shape}" for path, leaf in zip(self._paths[:6], self._leaves))
         if len(self._leaves) > 6:
             shapes += f", ... ({len(self._leaves)} arrays in all)"
         if any(leaf.ndim == 0 for leaf in self._leaves) or len({len(leaf) for leaf in self._leaves}) != 1:
             raise DataError(
-                f"`data` must be (x, y) or (x, y, sample_weight) with one row per example in every array; received "
+                f"`data` must be x, (x, y) or (x, y, sample_weight) with one row per example in every array; received "
                 f"{shapes}. Fix: pass arrays with the same first dimension."
             )
         if len(self._leaves[0]) == 0:
             raise DataError(f"`data` is empty; received {name} with 0 examples. Fix: pass at least one batch of examples.")
-        for path, leaf in zip(self._paths, self._leaves):
-            if leaf.dtype == object:
-                raise DataError(
-                    f"`data` {path} must be a numeric array; received an array of Python objects from {name}. "
-                    f"Fix: convert it to a numeric dtype (np.asarray(..., np.float32))."
-                )
         self._fingerprint: str | None = None
+
+    def _parts(self) -> tuple:
+        """``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``: the parts given, for names in messages."""
+        return tuple(part for part in (self.x, self.y, self.sample_weight) if part is not None)
 
     @property
     def num_examples(self) -> int:
@@ -194,12 +231,13 @@ class ArraySource:
         import tensorflow as tf
 
         cut = split_point(self.num_examples, fraction, name=self.name, unit="example")
-        halves = [tf.nest.map_structure(lambda a, s=s: a[s], self._element) for s in (slice(None, cut), slice(cut, None))]
+        halves = [tf.nest.map_structure(lambda a, s=s: a[s], self._parts()) for s in (slice(None, cut), slice(cut, None))]
         return (ArraySource(*halves[0], name=f"{self.name}[:{cut}]"),
                 ArraySource(*halves[1], name=f"{self.name}[{cut}:]"))
 
-    def sample(self, count: int) -> tuple:
-        """The first ``count`` examples: ``(x, y)`` or ``(x, y, sample_weight)``, as given."""
+    def sample(self, count: int) -> Any:
+        """The first ``count`` examples, structured as the batches are: ``(x, y)``, ``(x, y, sample_weight)``
+        or ``x`` alone."""
         import tensorflow as tf
 
         return tf.nest.map_structure(lambda a: a[:count], self._element)

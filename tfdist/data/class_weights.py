@@ -68,6 +68,9 @@ class ClassWeights:
     def check_labels(self, sample: tuple, *, source_name: str = "the data") -> None:
         """Refuses labels ``weigh`` cannot map to one class per example; ``sample`` is
         ``source.sample(n)``: ``(x, y)`` or ``(x, y, sample_weight)``, batched."""
+        if not isinstance(sample, tuple) or len(sample) < 2:
+            raise DataError(f"`class_weight` weighs examples by their labels; received data without labels "
+                            f"({source_name}). Fix: pass (x, y), or leave class_weight out.")
         y = sample[1]
         if isinstance(y, (dict, list, tuple)):
             raise DataError(

@@ -259,10 +259,12 @@ def as_source(data: Any) -> Any:
         return PyDatasetSource(data)
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
         return ArraySource(*data)
+    if isinstance(data, np.ndarray) or isinstance(data, dict) or isinstance(data, tuple) and len(data) == 1:
+        return ArraySource(data[0] if isinstance(data, tuple) else data)  # x alone, as Keras' fit(x)
     raise DataError(
         f"unsupported `data`; received {type(data).__name__}"
         f"{f' of length {len(data)}' if isinstance(data, (tuple, list)) else ''}. Fix: pass (x, y) or "
-        "(x, y, sample_weight) NumPy arrays, tfdist.TFRecordSource(files, parse_fn), tfdist.ImageFolderSource(directory), "
+        "(x, y, sample_weight) NumPy arrays (or x alone, for a model that needs no labels), tfdist.TFRecordSource(files, parse_fn), tfdist.ImageFolderSource(directory), "
         "a keras.utils.PyDataset (Sequence) with __len__, an unbatched tf.data.Dataset of (x, y), or a name such as 'digits' or 'tfds:mnist'."
     )
 

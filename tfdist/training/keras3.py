@@ -212,16 +212,18 @@ def _compile_arguments(model) -> dict:
 # --- state -----------------------------------------------------------------------------------
 
 
-def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> None:
+def prepare(model, *, strategy, sample: Any, grad_accum_steps: int = 1) -> None:
     """Creates all of the model's state now, so that a checkpoint can be restored into it
     before the first step: the layers, the compiled loss and metrics (:func:`prepare_metrics`),
-    the optimizer's slots. ``sample`` is one ``(x, y)`` or ``(x, y, sample_weight)`` micro
-    batch (NumPy or tensors). Call it on every process, in the order the model was built.
+    the optimizers' slots. ``sample`` is one micro batch as the model's ``train_step`` receives
+    it (NumPy or tensors). Nothing runs a step: every random state, counter and metric stays as
+    it was. Call it on every process, in the order the model was built.
     """
     import tensorflow as tf
 
     check_model(model)
     kind = _kind(strategy)
+    check_labels_for_loss(model, sample)
     if grad_accum_steps > 1:
         check_accumulation(model, strategy, grad_accum_steps)
     keras_steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
@@ -232,41 +234,176 @@ def prepare(model, *, strategy, sample: tuple, grad_accum_steps: int = 1) -> Non
             "grad_accum_steps to tfdist, which accumulates exactly under every synchronous strategy."
         )
     prepare_metrics(model, strategy=strategy, sample=sample)
+    check_sharded_variables(model, strategy)
+    own = own_optimizers(model)
     with strategy.scope():
-        if not model.optimizer.built:
+        if not model.optimizer.built and not (own and _is_default_optimizer(model)):
             model.optimizer.build(model.trainable_variables)
-    for variable in {id(v): v for v in [*model.variables, *model.optimizer.variables, *model.metrics_variables]}.values():
+    if any(not optimizer.built for optimizer in own):
+        _build_own_optimizers(model, strategy, sample, own)
+    for variable in _keras_variables(model):
         _copy_to_cpu_once(variable)
     if kind in ("central_storage", "parameter_server"):
         _use_native_increments(model.optimizer.iterations)  # see prepare_metrics
+        for optimizer in own:
+            if optimizer.built:
+                _use_native_increments(optimizer.iterations)
     if kind == "parameter_server":
         for layer in model._flatten_layers(include_self=False):
             _race_free_moving_statistics(layer)
 
 
-def prepare_metrics(model, *, strategy, sample: tuple) -> None:
+def check_labels_for_loss(model, sample: Any) -> None:
+    """Refuses data without labels for a model whose compiled loss needs them under Keras' own
+    ``train_step`` (Keras' error comes from deep inside its loss)."""
+    import keras
+
+    labelled = isinstance(sample, tuple) and len(sample) >= 2
+    if labelled or not _uses_keras_step(model, "train_step") or getattr(model, "_compile_loss", None) is None:
+        return
+    raise ModelError(
+        f"the model {model.name!r} is compiled with a loss, which compares its outputs to labels; received data "
+        "without labels (x alone). Fix: pass (x, y) (for an autoencoder, (x, x)), or compute the loss in the "
+        f"model's own train_step (see keras.io's VAE and GAN examples); Keras {keras.__version__} fails the same way."
+    )
+
+
+def _uses_keras_step(model, name: str) -> bool:
+    """True if the model's method ``name`` (``train_step``, ``test_step``, ``call``) is Keras' own, not a subclass's."""
+    return getattr(type(model), name).__module__.split(".")[0] == "keras"
+
+
+def own_optimizers(model) -> list:
+    """The optimizers a model holds besides ``model.optimizer`` (a GAN's ``d_optimizer`` and
+    ``g_optimizer``), found in the model's checkpoint graph, in a fixed order."""
+    import keras
+    import tensorflow as tf
+
+    found = [obj for obj in tf.train.TrackableView(model).descendants()
+             if isinstance(obj, keras.optimizers.Optimizer) and obj is not model.optimizer]
+    return list({id(o): o for o in found}.values())
+
+
+def _is_default_optimizer(model) -> bool:
+    """True if ``model.optimizer`` is the one ``compile()`` makes when given none (RMSprop with
+    Keras' defaults): a model with its own optimizers then never uses it (keras.io's GAN calls
+    ``super().compile()``), so it is left unbuilt, its slots out of every checkpoint."""
+    import keras
+
+    optimizer = model.optimizer
+    if type(optimizer) is not keras.optimizers.RMSprop:
+        return False
+    config = {k: v for k, v in optimizer.get_config().items() if k != "name"}
+    default = {k: v for k, v in keras.optimizers.RMSprop().get_config().items() if k != "name"}
+    return config == default
+
+
+def _build_own_optimizers(model, strategy, sample: Any, optimizers: list) -> None:
+    """Builds the optimizers a ``train_step`` builds at their first ``apply_gradients`` (a GAN's
+    ``d_optimizer`` and ``g_optimizer``) now, in the strategy's scope, over the variables each
+    is given: one trace of the step records them, without running it. An optimizer the trace
+    does not reach is built at the first step, as in Keras' own ``fit``, and logged."""
+    import tensorflow as tf
+
+    unbuilt = [o for o in optimizers if not o.built]
+    given: dict[int, list] = {}
+
+    def recorder(optimizer, apply):
+        def record(grads, trainable_variables=None):
+            if optimizer.built:
+                return apply(grads, trainable_variables)
+            given.setdefault(id(optimizer), list(trainable_variables))
+            return None
+        return record
+
+    specs = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *_shape_of(a)[1:]], tf.as_dtype(a.dtype)), sample)
+    for optimizer in unbuilt:
+        object.__setattr__(optimizer, "apply", recorder(optimizer, optimizer.apply))
+    def step(batch):
+        strategy.run(model.train_step, args=(batch,))
+
+    try:
+        with strategy.scope():
+            tf.function(step, autograph=False).get_concrete_function(specs)
+    except Exception as e:  # noqa: BLE001 -- the trace only looks for the optimizers' variables
+        log.debug("tracing %s's train_step to find its optimizers' variables stopped early: %s", model.name, e)
+    finally:
+        for optimizer in unbuilt:
+            del optimizer.apply  # back to the class's own
+    with strategy.scope():
+        for optimizer in unbuilt:
+            if id(optimizer) in given:
+                optimizer.build(given[id(optimizer)])
+    late = [o.name for o in unbuilt if not o.built]
+    if late:
+        log.warning("the optimizer(s) %s of model %s are built at the first step: a checkpoint restores their "
+                    "state only once they are", ", ".join(late), model.name)
+
+
+def _shape_of(value) -> tuple:
+    """The shape of an array or tensor as a tuple."""
+    return tuple(getattr(value, "shape", ()))
+
+
+def _keras_variables(model) -> list:
+    """Every Keras variable a checkpoint of the model writes (the model's, its optimizers',
+    its metrics'), each once."""
+    import keras
+    import tensorflow as tf
+
+    found = [*model.variables, *model.optimizer.variables, *model.metrics_variables]
+    found += [obj for obj in tf.train.TrackableView(model).descendants() if isinstance(obj, keras.Variable)]
+    return list({id(v): v for v in found}.values())
+
+
+def check_sharded_variables(model, strategy) -> None:
+    """Refuses a Keras 3 model whose variables a ``variable_partitioner`` split into shards:
+    Keras 3's steps read every variable's handle, which a ShardedVariable does not have."""
+    sharded = [v.path for v in model.variables if type(getattr(v, "value", None)).__name__ == "ShardedVariable"]
+    if sharded:
+        raise ModelError(
+            f"Keras 3 models cannot train on variables split by a variable_partitioner; received {len(sharded)} "
+            f"sharded variable(s) ({', '.join(sharded[:3])}) under {type(strategy).__name__}. Fix: make the "
+            "ParameterServerStrategy without variable_partitioner (or with tfdist's strategy='parameter_server'), "
+            "or use a tf_keras model, which trains on sharded variables."
+        )
+
+
+def prepare_metrics(model, *, strategy, sample: Any) -> None:
     """Builds the layers and creates the compiled loss and metric variables now; what evaluating
     a model needs, also one tfdist did not train (loaded from a ``.keras`` file in a scope).
 
-    Keras creates metric variables at the first step; created inside a replica's part of a
-    ``tf.function`` they fail under mirrored ("You must feed a value for placeholder tensor
-    'cond/.../Placeholder'"), so this runs the model's ``test_step`` once, eagerly, in every
-    replica, and resets the metrics (a test step changes nothing else). Calling it again
-    changes nothing.
+    It builds them as Keras' own ``fit`` does under a strategy, symbolically
+    (``Trainer._symbolic_build``): no layer runs on data, so random states, counters and
+    metrics stay as they are. Calling it again changes nothing.
     """
     import tensorflow as tf
 
     kind = _kind(strategy)
-    sample = tf.nest.map_structure(tf.convert_to_tensor, tuple(sample))
+    sample = tf.nest.map_structure(tf.convert_to_tensor, sample)
+    # A model with a train_step and no call() (keras.io's GAN and VAE) is never built by Keras:
+    # its sub-models are. Keras' own symbolic build would call it, and fail.
+    wrapper = not model.built and _uses_keras_step(model, "call") and all(
+        layer.built for layer in model._flatten_layers(include_self=False))
+    # Keras' symbolic build also builds model.optimizer; prepare() decides that (it may be unused).
+    optimizer = model.optimizer if model.optimizer is not None and not model.optimizer.built else None
     with strategy.scope():
-        model(sample[0], training=False)  # builds the layers in cross-replica context
-        if kind == "parameter_server":
-            model.test_step(sample)
-        else:
-            values = strategy.experimental_distribute_values_from_function(lambda _: sample)
-            with _without_eager_warning():  # once, on one micro batch: the overhead does not matter
-                strategy.run(model.test_step, args=(values,))
-        model.reset_metrics()
+        try:
+            model.built = model.built or wrapper
+            if optimizer is not None:
+                optimizer.built = True
+            model._symbolic_build(data_batch=_with_stand_in_labels(model, sample))
+        except RuntimeError as e:  # Keras' "Unable to automatically build the model"
+            raise ModelError(
+                f"the model {model.name!r} could not be built on a batch of the data ({' '.join(str(e).split())[-300:]}); "
+                "received an unbuilt model. Fix: build it in the function that makes it (model.build(input_shape), "
+                "or call it once on a batch), or give it keras.Input layers."
+            ) from None
+        finally:
+            if wrapper:
+                model.built = False
+            if optimizer is not None:
+                optimizer.built = False
     if kind in ("central_storage", "parameter_server"):
         # Keras 3's Variable.assign_add is ``assign(self + value)``: under central_storage a
         # replica-context assign of a SUM variable adds every replica's ``self + value``
@@ -276,6 +413,21 @@ def prepare_metrics(model, *, strategy, sample: tuple) -> None:
         for variable in model.metrics_variables:
             _use_native_increments(variable)
     _output_losses_weighted_by_examples(model)
+
+
+def _with_stand_in_labels(model, sample: Any) -> Any:
+    """``sample``, or ``(x, outputs)`` for data without labels and a model compiled with a loss or
+    metrics: its own ``train_step`` makes the targets (an autoencoder's are ``x``), and the
+    compiled loss and metrics are built on targets shaped as the outputs."""
+    import keras
+    import tensorflow as tf
+
+    compiled = getattr(model, "_compile_loss", None) is not None or getattr(model, "_compile_metrics", None) is not None
+    if (isinstance(sample, tuple) and len(sample) >= 2) or not compiled or not model.built:
+        return sample
+    x = sample[0] if isinstance(sample, tuple) else sample
+    symbolic = tf.nest.map_structure(lambda t: keras.KerasTensor(t.shape, t.dtype.name), x)
+    return x, model.compute_output_spec(symbolic)
 
 
 def _output_losses_weighted_by_examples(model) -> None:
@@ -313,24 +465,6 @@ def _output_losses_weighted_by_examples(model) -> None:
             examples.size = outer
 
     compile_loss.call = weighted_call
-
-
-class _DropEagerWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "eagerly has significant overhead" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _without_eager_warning():
-    """Hides TensorFlow's "Using ...Strategy eagerly has significant overhead" for one eager run."""
-    import tensorflow as tf
-
-    logger, drop = tf.get_logger(), _DropEagerWarning()
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
 
 
 def _copy_to_cpu_once(variable) -> None:

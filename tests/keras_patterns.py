@@ -229,7 +229,14 @@ def fit(pattern: str, strategy: str, checkpoint_dir: str | None, **options):
 
 
 def main(strategy: str, root: str, patterns: str, kill_at: str) -> None:
+    import tensorflow as tf
+
     import tfdist
+
+    # Grappler rewrites graphs under time budgets: on a loaded machine, two uninterrupted runs of
+    # the VAE differed in the last bit of their total_loss metric (never in a weight). Without it,
+    # every run is the same, and a difference can only come from the resume.
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
     if strategy in ("mirrored", "central_storage"):
         tfdist.split_cpu(2)

@@ -109,3 +109,116 @@ def test_one_device_equals_plain_model_fit_bit_for_bit(pattern):
     trained, expected = history.model.get_weights(), reference.get_weights()
     assert len(trained) == len(expected)
     assert all(np.array_equal(a, b) for a, b in zip(trained, expected))
+
+
+def test_data_without_labels_for_a_compiled_loss_under_keras_own_train_step_is_refused_in_one_line():
+    import keras
+
+    import tfdist
+    from tfdist.errors import ModelError
+
+    def plain():
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(64)])
+        model.compile("adam", "mse")
+        return model
+
+    import keras_patterns
+
+    with pytest.raises(ModelError, match=r"received data without labels.*Fix: pass \(x, y\)"):
+        tfdist.fit(plain, keras_patterns.images(), batch_size=16, strategy="one_device", verbose=0)
+
+
+def test_validating_a_model_with_nothing_to_compute_is_refused_in_one_line():
+    import keras_patterns
+
+    import tfdist
+    from tfdist.errors import ModelError
+
+    x = keras_patterns.images()
+    with pytest.raises(ModelError, match="Keras' own test_step needs.*Fix: leave validation_data"):
+        tfdist.fit(keras_patterns.vae, x, validation_data=x[:32], batch_size=16, strategy="one_device", verbose=0)
+
+
+def _tf_keras_gan():
+    import tensorflow as tf
+    import tf_keras
+
+    class GAN(tf_keras.Model):
+        def __init__(self, discriminator, generator, **kwargs):
+            super().__init__(**kwargs)
+            self.discriminator, self.generator = discriminator, generator
+            self.rng = tf.random.Generator.from_seed(1337)  # checkpointed with the model
+
+        def compile(self, d_optimizer, g_optimizer, loss_fn):
+            super().compile()
+            self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+        def train_step(self, real):
+            n = tf.shape(real)[0]
+            fake = self.generator(self.rng.normal((n, 4)))
+            labels = tf.concat([tf.ones((n, 1)), tf.zeros((n, 1))], 0)
+            with tf.GradientTape() as tape:
+                d_loss = self.loss_fn(labels, self.discriminator(tf.concat([fake, real], 0)))
+            self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, self.discriminator.trainable_weights),
+                                                 self.discriminator.trainable_weights))
+            with tf.GradientTape() as tape:
+                g_loss = self.loss_fn(tf.zeros((n, 1)), self.discriminator(self.generator(self.rng.normal((n, 4)))))
+            self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, self.generator.trainable_weights),
+                                                 self.generator.trainable_weights))
+            return {"d_loss": d_loss, "g_loss": g_loss}
+
+    layers = tf_keras.layers
+    discriminator = tf_keras.Sequential([layers.Flatten(input_shape=(8, 8, 1)), layers.Dense(16, activation="relu"),
+                                         layers.Dense(1)])
+    generator = tf_keras.Sequential([layers.Dense(64, activation="sigmoid", input_shape=(4,)), layers.Reshape((8, 8, 1))])
+    model = GAN(discriminator, generator)
+    # tf_keras refuses a loss object's default reduction inside any tf.distribute strategy, one device
+    # included (its own fit too): the per-example losses are averaged here.
+    loss = tf_keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
+    model.compile(tf_keras.optimizers.Adam(1e-3), tf_keras.optimizers.Adam(1e-3),
+                  lambda y, p: tf.reduce_mean(loss(y, p)))
+    return model
+
+
+def test_a_tf_keras_gan_on_images_without_labels_resumes_bit_identical(tmp_path):
+    import keras_patterns
+
+    import tfdist
+    from conftest import Crash, crash_after
+
+    x = keras_patterns.images()
+    options = dict(epochs=2, batch_size=16, seed=0, deterministic=True, strategy="one_device", verbose=0,
+                   save_every_steps=2)
+    tfdist.fit(_tf_keras_gan, x, checkpoint_dir=str(tmp_path / "reference"), **options)
+    with pytest.raises(Crash):
+        tfdist.fit(_tf_keras_gan, x, checkpoint_dir=str(tmp_path / "crashed"), callbacks=[crash_after(7, "tf_keras")],
+                   **options)
+    resumed = tfdist.fit(_tf_keras_gan, x, checkpoint_dir=str(tmp_path / "crashed"), **options)
+    assert resumed.tfdist.start_step > 0
+    names = checkpoint_tensors(str(tmp_path / "reference"))
+    assert any("d_optimizer" in name for name in names) and any("g_optimizer" in name for name in names)
+    assert_bit_identical(names, checkpoint_tensors(str(tmp_path / "crashed")))
+
+
+def test_a_pydataset_of_inputs_alone_trains_a_vae_and_resumes_bit_identical(tmp_path):
+    import keras
+    import keras_patterns
+
+    import tfdist
+    from conftest import Crash, crash_after
+
+    class Images(keras.utils.PyDataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, index):
+            return keras_patterns.images()[index * 16:(index + 1) * 16]  # no labels
+
+    options = dict(epochs=2, seed=0, deterministic=True, strategy="one_device", verbose=0, save_every_steps=2)
+    tfdist.fit(keras_patterns.vae, Images(), checkpoint_dir=str(tmp_path / "reference"), **options)
+    with pytest.raises(Crash):
+        tfdist.fit(keras_patterns.vae, Images(), checkpoint_dir=str(tmp_path / "crashed"), callbacks=[crash_after(7)],
+                   **options)
+    resumed = tfdist.fit(keras_patterns.vae, Images(), checkpoint_dir=str(tmp_path / "crashed"), **options)
+    assert resumed.tfdist.start_step > 0 and resumed.tfdist.global_batch_size == 16
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "crashed")))

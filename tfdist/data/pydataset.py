@@ -74,7 +74,7 @@ class PyDatasetSource:
         first = self._fetch(0)
         self._element = first
         self._leaves = _flatten(first)
-        self._paths = _flatten(_named(first, ("x", "y", "sample_weight")))
+        self._paths = _flatten(_named(first if isinstance(first, tuple) else (first,), ("x", "y", "sample_weight")))
         self.batch_size = len(self._leaves[0])
         self._cache[0] = self._leaves
         last_size = len(self._batch(length - 1)[0])  # checked against batch 0: only the last may be smaller
@@ -121,15 +121,18 @@ class PyDatasetSource:
         """Batch ``index`` as the dataset returns it, as a tuple of nests of arrays."""
         with self._readers:
             item = self.dataset[index]
-        if not (isinstance(item, tuple) and len(item) in (2, 3)):
+        if isinstance(item, tuple) and len(item) in (2, 3):
+            element = tuple(_as_arrays(part) for part in item)
+        elif isinstance(item, (np.ndarray, dict)) or isinstance(item, tuple) and len(item) == 1:
+            element = _as_arrays(item)  # x alone, as Keras hands it to train_step (a 1-tuple stays one)
+        else:
             raise DataError(
-                f"{self.name}[{index}] must return (x, y) or (x, y, sample_weight); received "
+                f"{self.name}[{index}] must return x, (x, y) or (x, y, sample_weight); received "
                 f"{type(item).__name__}{f' of length {len(item)}' if isinstance(item, (tuple, list)) else ''}. "
-                "Fix: return a tuple of the batch's inputs, labels (and weights)."
+                "Fix: return a tuple of the batch's inputs, labels (and weights), or the inputs alone."
             )
-        element = tuple(_as_arrays(part) for part in item)
         leaves = _flatten(element)
-        paths = _flatten(_named(element, ("x", "y", "sample_weight")))
+        paths = _flatten(_named(element if isinstance(element, tuple) else (element,), ("x", "y", "sample_weight")))
         if any(leaf.ndim == 0 for leaf in leaves) or len({len(leaf) for leaf in leaves}) != 1:
             shapes = ", ".join(f"{path} of shape {leaf.shape}" for path, leaf in zip(paths, leaves))
             raise DataError(f"{self.name}[{index}] must hold one row per example in every array; received {shapes}. "
@@ -213,7 +216,8 @@ class PyDatasetSource:
     def example_shape(self) -> Any:
         import tensorflow as tf
 
-        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), self._element[0])
+        x = self._element[0] if isinstance(self._element, tuple) and len(self._element) > 1 else self._element
+        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), x)
 
     @property
     def example_bytes(self) -> int:

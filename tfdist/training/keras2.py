@@ -150,14 +150,21 @@ def random_generators(model) -> dict[str, Any]:
 def build_state(model, sample: tuple) -> None:
     """Creates the optimizer slots and the compiled loss and metric objects now (Keras creates
     them at the first step), so that a checkpoint restores into them before training starts.
-    ``sample``: one ``(x, y)`` or ``(x, y, sample_weight)`` batch, each a nest of arrays."""
+    ``sample``: one batch as the model's ``train_step`` receives it: ``(x, y)``, ``(x, y, sample_weight)``
+    or ``x`` alone, each part a nest of arrays."""
     import tensorflow as tf
+    import tf_keras
 
-    x, y = (tf.nest.map_structure(tf.constant, part) for part in sample[:2])
+    labelled = isinstance(sample, tuple) and len(sample) >= 2
+    x = tf.nest.map_structure(tf.constant, sample[0] if isinstance(sample, tuple) else sample)
+    # A model with a train_step and no call() (the GAN form) is never called by tf_keras' fit.
+    callable_model = type(model).call is not tf_keras.Model.call or getattr(model, "_is_graph_network", False)
     with model.distribute_strategy.scope():
-        y_pred = model(x, training=False)
-        model.compiled_loss.build(y_pred)
-        model.compiled_metrics.build(y_pred, y)
+        if callable_model:
+            y_pred = model(x, training=False)
+            model.compiled_loss.build(y_pred)
+            if labelled:
+                model.compiled_metrics.build(y_pred, tf.nest.map_structure(tf.constant, sample[1]))
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         build_optimizer(optimizer, model.trainable_variables)
         _aggregate_schedule_variable(optimizer, model.distribute_strategy)

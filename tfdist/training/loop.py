@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist._logs import without_retracing_warning
-from tfdist.errors import DataError
+from tfdist.errors import DataError, ModelError
 from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model
 from tfdist.training.keras_common import LastModelCache, xla_unavailable
 
@@ -392,7 +392,23 @@ def evaluate_loop(model, *, strategy, data, steps: int | None = None, callbacks:
 
 
 def _validate(model, strategy, functions: _Functions, callback_list, data, steps: int | None, coordinator) -> dict:
-    """One pass over the validation data with the model's test_step, as ``fit`` runs ``evaluate``."""
+    """One pass over the validation data with the model's test_step, as ``fit`` runs ``evaluate``;
+    a model with nothing to compute there is refused in one line."""
+    try:
+        return _validate_pass(model, strategy, functions, callback_list, data, steps, coordinator)
+    except (ValueError, NotImplementedError) as e:
+        no_call = isinstance(e, NotImplementedError) and "call()" in str(e)
+        if not no_call and "No loss to compute" not in str(e):
+            raise
+        cause = "no call() method, which" if no_call else "no compiled loss, and"
+        raise ModelError(
+            f"the model {model.name!r} has {cause} Keras' own test_step needs to evaluate the validation data; "
+            "received validation data for it. Fix: leave validation_data (and validation_split) out, or give the "
+            "model a test_step of its own (as its train_step)."
+        ) from None
+
+
+def _validate_pass(model, strategy, functions: _Functions, callback_list, data, steps: int | None, coordinator) -> dict:
     model.reset_metrics()
     model.stop_evaluating = False
     callback_list.on_test_begin()

@@ -7,6 +7,12 @@ chief. tfdist already sends the files of Keras' ``ModelCheckpoint``, ``TensorBoa
 ``chief_only``. Leave unwrapped a callback that changes training (``EarlyStopping``,
 ``ReduceLROnPlateau``, a learning-rate schedule): every worker must take the same decision.
 
+A callback may also have the methods ``on_run_begin(run)`` and ``on_run_end(summary)``. ``fit``
+calls the first before training, with the run's shape as a dict (``strategy``, ``num_replicas``,
+``num_workers``, batch sizes, ``epochs``, ``steps_per_epoch``, ``seed``, ``checkpoint_dir``,
+``start_step``). It calls the second with the ``FitSummary`` when training is done.
+``tfdist.tracking.MLflowLogger`` uses both.
+
 Importing this module imports no TensorFlow.
 """
 
@@ -17,7 +23,7 @@ from typing import Any
 
 from tfdist.errors import ModelError
 
-__all__ = ["is_chief", "task_role", "chief_only"]
+__all__ = ["is_chief", "task_role", "chief_only", "run_begins", "run_ends"]
 
 
 def is_chief(cluster=None) -> bool:
@@ -73,8 +79,22 @@ def either_keras_callback() -> type:
     return EitherKerasCallback
 
 
-_HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
-          "on_train_batch_end", "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
+def run_begins(callbacks, run: dict) -> None:
+    """Calls ``on_run_begin(run)`` of the callbacks that have it (``fit``, before training)."""
+    for cb in callbacks or ():
+        if callable(getattr(cb, "on_run_begin", None)):
+            cb.on_run_begin(dict(run))
+
+
+def run_ends(callbacks, summary) -> None:
+    """Calls ``on_run_end(summary)`` of the callbacks that have it (``fit``, with its ``FitSummary``)."""
+    for cb in callbacks or ():
+        if callable(getattr(cb, "on_run_end", None)):
+            cb.on_run_end(summary)
+
+
+_HOOKS = ("on_run_begin", "on_run_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+          "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
           "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end",
           "on_batch_begin", "on_batch_end")
 
@@ -153,8 +173,9 @@ def _chief_only_class() -> type:
 
     def forward(name):
         def hook(self, *args, **kwargs):
-            if self.chief:
-                getattr(self.callback, name)(*args, **kwargs)
+            method = getattr(self.callback, name, None)  # on_run_begin/on_run_end are optional
+            if self.chief and method is not None:
+                method(*args, **kwargs)
 
         hook.__name__ = name
         return hook

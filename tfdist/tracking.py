@@ -78,7 +78,8 @@ class MLflowLogger(either_keras_callback()):
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_uri(".")
         self.experiment = experiment
         self.run_name = run_name
-        self.params = dict(params or {})
+        self.logged_params = dict(params or {})
+        """The parameters given to log besides the run's shape (Keras' own ``params`` are its loop's)."""
         self.run_id: str | None = None
         """The MLflow run's id, once the chief has created or resumed it."""
         self._given_cluster = cluster
@@ -182,7 +183,7 @@ class MLflowLogger(either_keras_callback()):
         with other options) is kept, and the new value logged as a tag."""
         from mlflow.entities import Param
 
-        values = {**{k: v for k, v in self._run_params.items() if k != "start_step"}, **self.params}
+        values = {**{k: v for k, v in self._run_params.items() if k != "start_step"}, **self.logged_params}
         fresh = [Param(key, _text(value)) for key, value in sorted(values.items()) if key not in logged]
         changed = {key: _text(value) for key, value in values.items() if key in logged and logged[key] != _text(value)}
         for start in range(0, len(fresh), 100):  # MLflow's limit of parameters per batch

@@ -156,16 +156,28 @@ USER_MODEL_ARGUMENTS = ("input_shape", "num_classes")
 
 
 def keras_of_function(function: Callable) -> str | None:
-    """``"2"`` if the module of ``function`` uses tf_keras and not Keras 3, ``"3"`` for the reverse,
-    None when it cannot tell (both, or neither)."""
+    """``"2"`` if ``function`` uses tf_keras and not Keras 3, ``"3"`` for the reverse, None when
+    it cannot tell. The names its code reads are looked up first, then its module's globals."""
     import inspect
-    import sys
 
-    module = sys.modules.get(getattr(function, "__module__", None) or "")
-    roots = {(value.__name__ if inspect.ismodule(value) else str(getattr(value, "__module__", ""))).split(".")[0]
-             for value in (vars(module).values() if module is not None else ())}
-    if ("tf_keras" in roots) != ("keras" in roots):
-        return "2" if "tf_keras" in roots else "3"
+    namespace = getattr(function, "__globals__", {})
+
+    def names(code) -> set[str]:
+        found = set(code.co_names)
+        for const in code.co_consts:
+            if inspect.iscode(const):
+                found |= names(const)
+        return found
+
+    def kerases(values) -> set[str]:
+        roots = {(v.__name__ if inspect.ismodule(v) else str(getattr(v, "__module__", ""))).split(".")[0] for v in values}
+        return roots & {"keras", "tf_keras"}
+
+    code = getattr(function, "__code__", None)
+    for found in (kerases(namespace[n] for n in names(code) if n in namespace) if code is not None else set(),
+                  kerases(namespace.values())):
+        if len(found) == 1:
+            return "2" if found == {"tf_keras"} else "3"
     return None
 
 

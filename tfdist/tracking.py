@@ -59,7 +59,8 @@ class MLflowLogger(either_keras_callback()):
         ``file:./mlruns``.
       experiment: the MLflow experiment's name (created if missing).
       run_name: the MLflow run's name (default: MLflow's).
-      params: more parameters to log, e.g. the script's options.
+      params: more parameters to log, e.g. the script's options. The run's shape (``strategy``,
+        ``num_replicas``...) is logged under its own names, and wins over a parameter of the same name.
       cluster: the ``tfdist.ClusterSpec`` that says which task is the chief (default: detected).
 
     Raises:
@@ -183,7 +184,8 @@ class MLflowLogger(either_keras_callback()):
         with other options) is kept, and the new value logged as a tag."""
         from mlflow.entities import Param
 
-        values = {**{k: v for k, v in self._run_params.items() if k != "start_step"}, **self.logged_params}
+        # The run's shape wins over a parameter of the same name (tfdist train's --strategy auto: the one chosen).
+        values = {**self.logged_params, **{k: v for k, v in self._run_params.items() if k != "start_step"}}
         fresh = [Param(key, _text(value)) for key, value in sorted(values.items()) if key not in logged]
         changed = {key: _text(value) for key, value in values.items() if key in logged and logged[key] != _text(value)}
         for start in range(0, len(fresh), 100):  # MLflow's limit of parameters per batch

@@ -107,10 +107,8 @@ class MLflowLogger(either_keras_callback()):
         if not self._is_chief() or self.run_id is None:
             return
         client = self._mlflow()
-        record = summary.as_dict()
-        client.log_dict(self.run_id, record, SUMMARY_ARTIFACT)
-        client.set_tag(self.run_id, "tfdist.global_step", str(record.get("global_step")))
-        client.set_terminated(self.run_id, "FINISHED" if record.get("completed") else "KILLED")
+        client.log_dict(self.run_id, summary.as_dict(), SUMMARY_ARTIFACT)
+        client.set_terminated(self.run_id, "FINISHED")
         log.info("MLflow run %s ended (%s, experiment %r)", self.run_id, self.tracking_uri, self.experiment)
 
     # --- Keras hooks ---------------------------------------------------------------------

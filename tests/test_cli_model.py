@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 from conftest import base_env
-from test_outputs_launch import eval_steps
+from test_evaluator import eval_steps
 from test_profile import profiles
 from test_tracking import mlflow_runs
 

@@ -5,26 +5,14 @@ profile, a chief_only callback's lines from the chief alone, and the evaluator t
 
 from __future__ import annotations
 
-import glob
-
 import numpy as np
 import pytest
 from conftest import base_env
+from test_evaluator import eval_steps
 from test_profile import profiles
 from test_tracking import SCRIPT, check_one_run_every_epoch_once
 
 pytest.importorskip("mlflow", reason="MLflow tracking needs the mlflow package (pip install 'tfdist[mlflow]')")
-
-
-def eval_steps(log_dir) -> list:
-    """The global steps of the evaluator's eval/loss points in its TensorBoard files."""
-    import tensorflow as tf
-
-    steps = []
-    for path in sorted(glob.glob(str(log_dir / "events.out.tfevents.*"))):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            steps += [event.step for value in event.summary.value if value.tag == "eval/loss"]
-    return steps
 
 
 @pytest.mark.timeout(400)

@@ -99,8 +99,10 @@ class MLflowLogger(either_keras_callback()):
 
     # --- tfdist's run hooks --------------------------------------------------------------
     def on_run_begin(self, run: Mapping[str, Any]) -> None:
-        """Before training: the run's shape (strategy, replicas, batch sizes...), logged as parameters."""
+        """Before training: the run's shape (strategy, replicas, batch sizes...), logged as parameters.
+        A new run starts a new MLflow run; a resumed one gets its id back from the checkpoint after this."""
         self._run_params = dict(run)
+        self.run_id, self._client, self._logged = None, None, set()
 
     def on_run_end(self, summary) -> None:
         """After training: the ``FitSummary`` as an artifact, and the MLflow run ends."""

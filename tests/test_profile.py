@@ -42,5 +42,6 @@ def test_profile_steps_that_cannot_be_profiled_are_refused_in_one_line_with_the_
         with pytest.raises(ModelError, match=r"Invalid `profile_steps`; received profile_steps=.*Fix: pass the first"):
             tfdist.fit(_build, data, epochs=1, batch_size=4, verbose=0, profile_steps=bad)
     with pytest.raises(ModelError, match=r"writes a TensorBoard profile into the log directory of a TensorBoard "
-                                         r"callback; received none in callbacks\. Fix: add keras\.callbacks\.TensorBoard"):
+                                         r"callback; received none in callbacks\. Fix: add "
+                                         r"keras\.callbacks\.TensorBoard"):
         tfdist.fit(_build, data, epochs=1, batch_size=4, verbose=0, strategy="one_device", profile_steps=2)

@@ -94,7 +94,8 @@ def run_ends(callbacks, summary) -> None:
 
 
 _HOOKS = ("on_run_begin", "on_run_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
-          "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
+          "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end", "on_test_batch_begin",
+          "on_test_batch_end",
           "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end",
           "on_batch_begin", "on_batch_end")
 

@@ -170,7 +170,8 @@ def keras_of_function(function: Callable) -> str | None:
         return found
 
     def kerases(values) -> set[str]:
-        roots = {(v.__name__ if inspect.ismodule(v) else str(getattr(v, "__module__", ""))).split(".")[0] for v in values}
+        roots = {(v.__name__ if inspect.ismodule(v) else str(getattr(v, "__module__", ""))).split(".")[0]
+                 for v in values}
         return roots & {"keras", "tf_keras"}
 
     code = getattr(function, "__code__", None)

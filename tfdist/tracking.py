@@ -162,7 +162,8 @@ class MLflowLogger(either_keras_callback()):
                 self._resume(run)
                 return
         experiment = client.get_experiment_by_name(self.experiment)
-        experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(self.experiment)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else client.create_experiment(self.experiment))
         tags = {"tfdist.checkpoint_dir": str(self._run_params.get("checkpoint_dir"))}
         run = client.create_run(experiment_id, run_name=self.run_name, tags=tags)
         self.run_id = run.info.run_id

@@ -33,8 +33,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train a built-in model or your own (default: a small CNN on the bundled digits data)",
-        description="Trains a built-in model, or your own (--model MODULE:FUNCTION), with tfdist.fit under the strategy "
-        "the cluster calls for. "
+        description="Trains a built-in model, or your own (--model MODULE:FUNCTION), with tfdist.fit under the "
+        "strategy the cluster calls for. "
         "Run the same command on every task of a cluster (tfdist launch does it). Checkpoints go to "
         "OUTPUT_DIR/checkpoints; running the same command again resumes at the exact step. "
         "Exit codes: 0 done, 2 bad input, 75 preempted (saved; restart to resume), 76 a peer was lost, "

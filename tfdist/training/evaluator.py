@@ -68,13 +68,13 @@ def for_fit(model: Any, data: Any, validation_data: Any, *, checkpoint_dir: str 
     """``fit`` on the evaluator task: :func:`run_evaluator` on ``validation_data`` (else ``data``),
     its TensorBoard summaries under the log directory of a TensorBoard in ``callbacks`` (``/eval``)."""
     from tfdist.errors import ModelError
-    from tfdist.training.callback_state import keras_class
+    from tfdist.training.profiling import tensorboard_of
 
     if checkpoint_dir is None:
         raise ModelError(f"tfdist.fit does not train on the evaluator task: it scores the run's checkpoints; received "
                          f"task {task_name} and no checkpoint_dir. Fix: pass checkpoint_dir= to fit (the same on "
                          "every task), or leave the evaluator out.")
-    board = next((cb for cb in callbacks or () if keras_class(cb, ("TensorBoard",))), None)
+    board = tensorboard_of(callbacks)
     log_dir = storage.join(str(board.log_dir), "eval") if board is not None else None
     run_evaluator(model, validation_data if validation_data is not None else data, checkpoint_dir=checkpoint_dir,
                   log_dir=log_dir)

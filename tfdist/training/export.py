@@ -145,7 +145,8 @@ def check_export_path(path: str, *, what: str = "--export-savedmodel") -> None:
     an unsupported filesystem, a file, or a directory holding something else (it would be lost)."""
     if path.rstrip("/").endswith(SUFFIX):
         raise ModelError(f"a SavedModel is a directory, not a {SUFFIX} file; received {what}={path!r}. Fix: name a "
-                         f"directory such as serving/1, or write a {SUFFIX} file with tfdist.save_model (--save-model).")
+                         f"directory such as serving/1, or write a {SUFFIX} file with tfdist.save_model "
+                         "(--save-model).")
     storage.check_supported(path, what=what)
     if storage.isfile(path) or (storage.isdir(path) and storage.listdir(path)
                                 and not storage.exists(storage.join(path, SAVED_MODEL_FILE))):

@@ -18,8 +18,9 @@ log = logging.getLogger("tfdist")
 _FIX = "pass the first and last global step to profile, e.g. profile_steps=(10, 20) (--profile-steps 10,20)"
 
 
-def check_steps(profile_steps: Any) -> tuple[int, int] | None:
-    """``(first, last)``, the global steps (from 1) to profile; an int profiles one step."""
+def check_steps(profile_steps: Any, callbacks: Sequence[Any] | None) -> tuple[int, int] | None:
+    """``(first, last)``, the global steps (from 1) to profile; an int profiles one step. Refuses
+    steps that cannot be profiled, and steps without a TensorBoard in ``callbacks`` to write to."""
     if profile_steps is None:
         return None
     steps = (profile_steps, profile_steps) if _checks.is_int(profile_steps) else profile_steps
@@ -27,31 +28,34 @@ def check_steps(profile_steps: Any) -> tuple[int, int] | None:
             or not 1 <= steps[0] <= steps[1]):
         raise ModelError(f"Invalid `profile_steps`; received profile_steps={profile_steps!r}. Fix: {_FIX}, the "
                          "first at least 1 and not after the last.")
+    if tensorboard_of(callbacks) is None:
+        raise ModelError(f"profile_steps={profile_steps!r} writes a TensorBoard profile into the log directory of a "
+                         "TensorBoard callback; received none in callbacks. Fix: add keras.callbacks.TensorBoard("
+                         "log_dir=...) to callbacks (tfdist train has one).")
     return int(steps[0]), int(steps[1])
+
+
+def tensorboard_of(callbacks: Sequence[Any] | None) -> Any:
+    """The first TensorBoard callback (either Keras) in ``callbacks``, or None."""
+    return next((cb for cb in callbacks or () if keras_class(cb, ("TensorBoard",))), None)
 
 
 def profiler(profile_steps: tuple[int, int] | None, callbacks: Sequence[Any] | None, *, steps_per_epoch: int,
              start_step: int, is_chief: bool) -> list:
-    """The callback that profiles ``profile_steps`` on the chief (an empty list elsewhere, or
-    without steps to profile), writing into the log directory of the TensorBoard in ``callbacks``."""
-    if profile_steps is None:
+    """The callback that profiles ``profile_steps`` (checked by :func:`check_steps`) on the chief,
+    writing into the log directory of the TensorBoard in ``callbacks``; an empty list elsewhere,
+    or without steps left to profile."""
+    if profile_steps is None or not is_chief:
         return []
-    board = next((cb for cb in callbacks or () if keras_class(cb, ("TensorBoard",))), None)
-    if board is None:
-        raise ModelError(f"profile_steps={profile_steps!r} writes a TensorBoard profile into the log directory of a "
-                         "TensorBoard callback; received none in callbacks. Fix: add keras.callbacks.TensorBoard("
-                         "log_dir=...) to callbacks (tfdist train has one).")
     first, last = profile_steps
-    if not is_chief:
-        return []
     if last <= start_step:
         log.info("profile_steps=(%d, %d): the run resumes after step %d, past them; nothing is profiled", first, last,
                  start_step)
         return []
     from tfdist import storage
 
-    return [_profiler_class()(storage.join(str(board.log_dir), "train"), first=max(first, start_step + 1), last=last,
-                              steps_per_epoch=steps_per_epoch)]
+    log_dir = storage.join(str(tensorboard_of(callbacks).log_dir), "train")  # where Keras' own profile_batch writes
+    return [_profiler_class()(log_dir, first=max(first, start_step + 1), last=last, steps_per_epoch=steps_per_epoch)]
 
 
 def _profiler_class() -> type:

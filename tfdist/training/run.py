@@ -131,7 +131,7 @@ def fit(
         data = data_mod.with_labels(data, y)
     _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks, seed=seed,
                      validation_freq=validation_freq)
-    profile_steps = profiling.check_steps(profile_steps)
+    profile_steps = profiling.check_steps(profile_steps, callbacks)
     options = _checkpoint_options(
         checkpoint_dir, save_every_steps=save_every_steps, save_every_seconds=save_every_seconds, keep=keep,
         keep_every_hours=keep_every_hours, async_save=async_save, resume=resume, allow_changes=allow_changes,

@@ -101,7 +101,7 @@ def check_one_run_every_epoch_once(out, *, strategy: str, num_workers: int) -> N
 
 
 @pytest.mark.timeout(300)
-def test_one_mlflow_run_logs_every_epoch_once_across_a_sigkill_and_resume(tmp_path, procs):
+def test_one_mlflow_run_logs_every_epoch_once_across_a_sigkill_and_resume(tmp_path, procs, monkeypatch, capsys):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     # Killed right after the save at the end of epoch 0 was started, its metrics logged. That
@@ -113,9 +113,9 @@ def test_one_mlflow_run_logs_every_epoch_once_across_a_sigkill_and_resume(tmp_pa
     assert lost
     for path in lost:
         path.unlink()
-    code, out = procs.run([sys.executable, str(script), str(tmp_path)], timeout=120)
-    assert code == 0, out[-3000:]
-    assert "STARTED AT STEP 2" in out, out[-3000:]
+    monkeypatch.setattr(sys, "argv", [str(script), str(tmp_path)])
+    exec(compile(SCRIPT, str(script), "exec"), {"__name__": "__main__"})  # resumed here: one TensorFlow start less
+    assert "STARTED AT STEP 2" in capsys.readouterr().out
     check_one_run_every_epoch_once(tmp_path, strategy="one_device", num_workers=1)
 
 

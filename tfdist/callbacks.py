@@ -23,7 +23,7 @@ from typing import Any
 
 from tfdist.errors import ModelError
 
-__all__ = ["is_chief", "task_role", "chief_only", "run_begins", "run_ends"]
+__all__ = ["is_chief", "task_role", "chief_only"]
 
 
 def is_chief(cluster=None) -> bool:

@@ -34,7 +34,9 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6.29",
+            "mlflow-skinny>=2.9",
         ],
+        "mlflow": ["mlflow-skinny>=2.9"],
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli:run"]},
 )

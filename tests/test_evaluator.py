@@ -37,7 +37,7 @@ def test_stops_when_no_checkpoint_appears(tmp_path):
     assert results == []
 
 
-def _event_steps(log_dir):
+def eval_steps(log_dir):
     import tensorflow as tf
 
     steps = []
@@ -63,7 +63,7 @@ def test_an_evaluator_started_again_skips_the_checkpoints_it_evaluated_and_score
     again = run_sidecar(_tiny, (x, y), checkpoint_dir=str(ckpt), log_dir=str(eval_dir),
                         poll_seconds=0.05, max_idle_seconds=600)
     assert again == []
-    assert _event_steps(eval_dir) == [10]
+    assert eval_steps(eval_dir) == [10]
     # A checkpoint written again under the same name (a new run in the directory) is new.
     from tfdist.checkpoint import layout
 

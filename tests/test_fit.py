@@ -391,13 +391,13 @@ def test_a_save_that_fails_because_a_parameter_server_is_gone_names_the_task_not
     assert _peer_lost_in_save(failed_save(OSError("No space left on device")), cluster, coordinated) is None
 
 
-def test_fit_on_the_evaluator_task_is_refused_naming_the_task(monkeypatch):
+def test_fit_on_the_evaluator_task_without_checkpoints_is_refused_naming_the_task(monkeypatch):
     import json
 
     from tfdist.errors import ModelError
 
     cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "evaluator": ["127.0.0.1:3"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "evaluator", "index": 0}}))
-    with pytest.raises(ModelError, match=r"does not train on the evaluator task; received task evaluator:0\. "
-                                         r"Fix: run `tfdist train` there"):
+    with pytest.raises(ModelError, match=r"does not train on the evaluator task: it scores the run's checkpoints; "
+                                         r"received task evaluator:0 and no checkpoint_dir\. Fix: pass checkpoint_dir="):
         tfdist.fit(lambda: None, "digits", epochs=1)

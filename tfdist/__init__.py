@@ -40,6 +40,10 @@ _LAZY = {
     "TFRecordSource": "tfdist.data.files",
     "ImageFolderSource": "tfdist.data.images",
     "save_model": "tfdist.training.export",
+    "export": "tfdist.training.export",
+    "is_chief": "tfdist.callbacks",
+    "task_role": "tfdist.callbacks",
+    "run_evaluator": "tfdist.training.evaluator",
 }
 
 __all__ = [
@@ -56,6 +60,12 @@ __all__ = [
     "TFRecordSource",
     "ImageFolderSource",
     "save_model",
+    "export",
+    "is_chief",
+    "task_role",
+    "run_evaluator",
+    "callbacks",
+    "tracking",
     "TfdistError",
     "ClusterConfigError",
     "StrategyError",
@@ -79,12 +89,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.data.files import TFRecordSource
     from tfdist.data.images import ImageFolderSource
     from tfdist.training import evaluate, fit, predict
-    from tfdist.training.export import save_model
+    from tfdist.callbacks import is_chief, task_role
+    from tfdist.training.evaluator import run_evaluator
+    from tfdist.training.export import export, save_model
     from tfdist.planning import Plan, plan
     from tfdist.strategy import make_strategy, split_cpu
 
 
+_SUBMODULES = ("callbacks", "tracking")
+"""Modules of the public API reached as attributes (``tfdist.callbacks.chief_only``)."""
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfdist.{name}")
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'tfdist' has no attribute {name!r}")

@@ -149,3 +149,68 @@ def builder(name: str, *, input_shape: Sequence[int], num_classes: int, learning
 
     build_and_compile.__name__ = f"build_{name}"
     return build_and_compile
+
+
+USER_MODEL_ARGUMENTS = ("input_shape", "num_classes")
+"""What ``tfdist train`` passes to a user's model function that names them as parameters."""
+
+
+def keras_of_function(function: Callable) -> str | None:
+    """``"2"`` if ``function`` uses tf_keras and not Keras 3, ``"3"`` for the reverse, None when
+    it cannot tell. The names its code reads are looked up first, then its module's globals."""
+    import inspect
+
+    namespace = getattr(function, "__globals__", {})
+
+    def names(code) -> set[str]:
+        found = set(code.co_names)
+        for const in code.co_consts:
+            if inspect.iscode(const):
+                found |= names(const)
+        return found
+
+    def kerases(values) -> set[str]:
+        roots = {(v.__name__ if inspect.ismodule(v) else str(getattr(v, "__module__", ""))).split(".")[0]
+                 for v in values}
+        return roots & {"keras", "tf_keras"}
+
+    code = getattr(function, "__code__", None)
+    for found in (kerases(namespace[n] for n in names(code) if n in namespace) if code is not None else set(),
+                  kerases(namespace.values())):
+        if len(found) == 1:
+            return "2" if found == {"tf_keras"} else "3"
+    return None
+
+
+def user_builder(function: Callable, *, name: str, input_shape: Sequence[int], num_classes: int,
+                 keras: str) -> Callable:
+    """A function for ``tfdist.fit(model=...)`` that calls the user's ``function`` (named ``name``,
+    ``MODULE:FUNCTION``), passing it ``input_shape`` and ``num_classes`` if it has such parameters,
+    and checks that it returns a compiled model of the Keras ``keras`` ("3" or "2")."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    given = {"input_shape": tuple(input_shape), "num_classes": num_classes}
+    arguments = {key: value for key, value in given.items() if takes_any or key in parameters}
+
+    def build_and_check():
+        model = function(**arguments)
+        expected = keras_module(keras).__name__
+        package = type(model).__module__.split(".")[0]
+        if not hasattr(model, "compile") or package not in ("keras", "tf_keras"):
+            raise ModelError(f"--model {name} must return a compiled Keras model; received {type(model).__name__}. "
+                             "Fix: build the model, compile it and return it.")
+        if package != expected:
+            raise ModelError(f"--model {name} returned a {package} model, and --keras {keras} means {expected}. Fix: "
+                             f"pass --keras {'2' if package == 'tf_keras' else '3'}.")
+        if getattr(model, "optimizer", None) is None:
+            raise ModelError(f"--model {name} returned a model that is not compiled. Fix: call model.compile("
+                             "optimizer, loss, metrics) before returning it.")
+        return model
+
+    build_and_check.__name__ = name.partition(":")[2] or "build"
+    return build_and_check

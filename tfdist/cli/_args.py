@@ -76,3 +76,28 @@ def one_or_files(values, flag: str):
         raise DataError(f"{flag} takes one data set or TFRecord files; received {len(values)} values, among them "
                         f"{named[0]!r}. Fix: pass one data set, or only TFRecord files (a glob, quoted or not).")
     return sorted(values)
+
+
+def model_name(text: str) -> str:
+    """A built-in model's name, or ``MODULE:FUNCTION`` naming a function that builds a compiled model."""
+    from tfdist.models import MODELS
+
+    module, sep, function = text.partition(":")
+    if text in MODELS or (sep and module and function.isidentifier()
+                          and all(part.isidentifier() for part in module.split("."))):
+        return text
+    raise argparse.ArgumentTypeError(f"expected a built-in model ({', '.join(sorted(MODELS))}) or MODULE:FUNCTION, "
+                                     f"e.g. my_pkg.models:build; received {text!r}")
+
+
+def step_range(text: str) -> tuple[int, int]:
+    """``10,20`` -> ``(10, 20)``; ``10`` -> ``(10, 10)``: global steps, from 1, first not after last."""
+    parts = text.split(",")
+    try:
+        first, last = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, 0)
+        if not 1 <= first <= last:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FIRST,LAST global steps (from 1, first not after last), e.g. "
+                                         f"10,20; received {text!r}") from None
+    return first, last

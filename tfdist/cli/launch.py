@@ -11,7 +11,8 @@ failure policy:
     cluster restarts on fresh ports with TFDIST_RESTART=<n>, at most --max-restarts times.
   parameter-server job (--ps M): the chief's exit ends the job; a dead worker restarts
     alone on its port; a dead ps or chief restarts the whole cluster.
-  the evaluator is a sidecar: stopped when training ends, never restarted alone.
+  the evaluator is a sidecar: stopped when training ends, never restarted alone. There,
+    tfdist train and a Python script's tfdist.fit score each new checkpoint.
   exit code 75 (preempted) restarts like any failure and counts towards --max-restarts.
   exit code 2 (bad input: a refused model, bad data, an invalid option) ends the launch
     at once with code 2: a restart would fail the same way. A Python script that dies of a

@@ -1,4 +1,4 @@
-"""``tfdist train``: the main job -- a built-in model on a data set, under any strategy, resumable."""
+"""``tfdist train``: the main job -- a built-in model or the user's own on a data set, under any strategy, resumable."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from tfdist.cli import _args, _quiet
 
 DEFAULT_OUTPUT_DIR = "runs/tfdist"
+DEFAULT_LEARNING_RATE = 2e-3
 
 
 def _class_weight(text: str) -> dict[int, float]:
@@ -31,18 +32,23 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "train",
-        help="train a built-in model (default: a small CNN on the bundled digits data)",
-        description="Trains a built-in model with tfdist.fit under the strategy the cluster calls for. "
+        help="train a built-in model or your own (default: a small CNN on the bundled digits data)",
+        description="Trains a built-in model, or your own (--model MODULE:FUNCTION), with tfdist.fit under the "
+        "strategy the cluster calls for. "
         "Run the same command on every task of a cluster (tfdist launch does it). Checkpoints go to "
         "OUTPUT_DIR/checkpoints; running the same command again resumes at the exact step. "
         "Exit codes: 0 done, 2 bad input, 75 preempted (saved; restart to resume), 76 a peer was lost, "
         "130 Ctrl-C (the step it came in is saved; run again to resume).",
     )
     model = parser.add_argument_group("model and data")
-    model.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS), help=f"built-in model (default {DEFAULT_MODEL})")
-    model.add_argument("--keras", default=DEFAULT_KERAS, choices=KERAS_VERSIONS,
+    model.add_argument("--model", default=DEFAULT_MODEL, type=_args.model_name, metavar="MODEL",
+                       help=f"a built-in model ({', '.join(sorted(MODELS))}; default {DEFAULT_MODEL}), or "
+                       "MODULE:FUNCTION, your function that builds and returns a compiled Keras model, e.g. "
+                       "my_pkg.models:build (a module on PYTHONPATH or in the current directory; it gets input_shape "
+                       "and num_classes of the data if it has such parameters)")
+    model.add_argument("--keras", default=None, choices=KERAS_VERSIONS,
                        help="build the model with Keras 3 (TensorFlow's default Keras, `import keras`) or 2 (tf_keras); "
-                       f"default {DEFAULT_KERAS}")
+                       f"default {DEFAULT_KERAS}, or the Keras your --model module imports")
     model.add_argument("--data", default="digits", metavar="DATA", nargs="+",
                        help="'digits' (bundled, default), 'tfds:NAME' (prepared in TFDS_DATA_DIR), a path to an .npz "
                        "with x and y, a folder of images in one subfolder per class (as Keras' "
@@ -61,7 +67,8 @@ def register(subparsers) -> None:
                        help="validate after every N-th epoch (default 1)")
     model.add_argument("--class-weight", type=_class_weight, default=None, metavar="C=W,...",
                        help="weigh training examples by class, e.g. 0=1,1=5 (classes left out weigh 1)")
-    model.add_argument("--learning-rate", type=_args.positive_float, default=2e-3, help="Adam learning rate (default 0.002)")
+    model.add_argument("--learning-rate", type=_args.positive_float, default=None,
+                       help=f"Adam learning rate of a built-in model (default {DEFAULT_LEARNING_RATE})")
     model.add_argument("--mixed-precision", choices=["mixed_float16", "mixed_bfloat16"], default=None, help="Keras mixed-precision policy")
 
     run = parser.add_argument_group("training")
@@ -80,6 +87,16 @@ def register(subparsers) -> None:
                         help="when the run is complete, write the trained model as a Keras file (by the chief; default "
                         "OUTPUT_DIR/model.keras; load it with keras.models.load_model)")
     saving.add_argument("--no-save-model", action="store_true", help="do not write the trained model")
+    run.add_argument("--export-savedmodel", default=None, metavar="DIR",
+                     help="when the run is complete, also write the trained model as a SavedModel for serving (by the "
+                     "chief; TensorFlow Serving, Vertex AI, TFLite read it), e.g. OUTPUT_DIR/serving/1")
+    run.add_argument("--mlflow", nargs="?", const="", default=None, metavar="URI",
+                     help="log the run to MLflow once, from the chief: its options, per-epoch metrics and summary; a "
+                     "resumed run continues the same MLflow run (default URI: file:OUTPUT_DIR/mlruns; needs "
+                     "pip install 'tfdist[mlflow]')")
+    run.add_argument("--profile-steps", type=_args.step_range, default=None, metavar="FIRST,LAST",
+                     help="write a TensorBoard profile of these global steps (from 1), by the chief, e.g. 10,20 "
+                     "(OUTPUT_DIR/tensorboard/train/plugins/profile; TensorBoard's Profile tab)")
     run.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None, help="Keras verbosity (default: 1 on a terminal, else 2)")
 
     dist = parser.add_argument_group("distribution")
@@ -99,6 +116,20 @@ def register(subparsers) -> None:
     ckpt.add_argument("--no-resume", action="store_true", help="do not resume; refuses to run if checkpoints exist")
     ckpt.add_argument("--allow-changes", action="store_true", help="resume even if batch size, model or data changed")
     parser.set_defaults(func=run_command)
+
+
+def _callbacks(args: argparse.Namespace, keras: str, log_dir: str, cluster) -> list:
+    """TensorBoard, and with --mlflow the MLflow logger (the run's options as its parameters)."""
+    from tfdist import models
+
+    callbacks = [models.keras_module(keras).callbacks.TensorBoard(log_dir=log_dir)]
+    if args.mlflow is not None:
+        from tfdist import tracking
+
+        options = {key: value for key, value in sorted(vars(args).items()) if key not in ("func", "command", "mlflow")}
+        callbacks.append(tracking.MLflowLogger(args.mlflow or tracking.default_uri(args.output_dir),
+                                               params=dict(options, keras=keras), cluster=cluster))
+    return callbacks
 
 
 def _step(summary) -> str:
@@ -137,6 +168,74 @@ def _check_outputs(cluster, outputs: dict[str, str | None], checkpoint_dir: str)
             raise StorageError(f"{flag} would be written among the run's checkpoints; received {flag}={path!r} in "
                                f"{checkpoint_dir!r}. Fix: name a file outside the checkpoint directory.")
     storage.check_output_files(outputs, writer=cluster.is_chief)
+
+
+def _export_dir(cluster, path: str | None, checkpoint_dir: str) -> None:
+    """Refuses, before training, a --export-savedmodel directory among the checkpoints, or one the chief
+    could not write (a file, or a directory of other files, in the way)."""
+    if path is None:
+        return
+    from tfdist import storage
+    from tfdist.errors import StorageError
+    from tfdist.training import export
+
+    absolute, checkpoints = storage.absolute(path).rstrip("/"), storage.absolute(checkpoint_dir).rstrip("/")
+    if absolute == checkpoints or absolute.startswith(checkpoints + "/") or checkpoints.startswith(absolute + "/"):
+        raise StorageError(f"--export-savedmodel would be written among the run's checkpoints; received "
+                           f"--export-savedmodel={path!r} and checkpoints in {checkpoint_dir!r}. Fix: name a "
+                           "directory outside the checkpoint directory, e.g. OUTPUT_DIR/serving/1.")
+    if cluster.is_chief:
+        export.check_export_path(path)
+
+
+def _model_builder(args: argparse.Namespace, train, num_classes: int, keras: str):
+    """The function ``fit`` calls to build the model: a built-in one, or the user's --model MODULE:FUNCTION."""
+    from tfdist import data as data_mod
+    from tfdist import models
+
+    if args.model in models.MODELS:
+        pixels = isinstance(train, data_mod.ImageFolderSource)  # 0-255: the model rescales them first
+
+        def builder():
+            # Called by fit once the strategy exists: reading a file source's example shape runs
+            # TensorFlow ops, which must not start before a multi-worker strategy is created.
+            return models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
+                                  learning_rate=args.learning_rate or DEFAULT_LEARNING_RATE, keras=keras,
+                                  rescale=1 / 255 if pixels else None)()
+
+        builder.__name__ = f"build_{args.model}"
+        return builder
+    function = _user_function(args.model)
+
+    def build_users():
+        return models.user_builder(function, name=args.model, input_shape=train.example_shape, num_classes=num_classes,
+                                   keras=keras)()
+
+    build_users.__name__ = function.__name__
+    return build_users
+
+
+def _user_function(spec: str):
+    """The function that ``--model MODULE:FUNCTION`` names (the module on PYTHONPATH or in the
+    current directory, as ``python -m`` finds it)."""
+    import importlib
+    import os
+    import sys
+
+    from tfdist.errors import ModelError
+
+    module, _, name = spec.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        function = getattr(importlib.import_module(module), name, None)
+    except ImportError as e:
+        raise ModelError(f"--model cannot import {module!r}: {e}. Fix: name a module on PYTHONPATH or in the current "
+                         "directory, e.g. --model my_models:build for ./my_models.py.") from None
+    if not callable(function):
+        raise ModelError(f"--model names no function {name!r} in module {module!r}; received --model {spec}. Fix: "
+                         f"name a function of {module} that builds and returns a compiled Keras model.")
+    return function
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -178,6 +277,16 @@ def run_command(args: argparse.Namespace) -> int:
     if args.checkpoint_dir:  # else it is under --output-dir, on the filesystem just checked
         storage.check_supported(checkpoint_dir, what="--checkpoint-dir")
     _check_outputs(cluster, {"--save-model": model_path, "--summary-json": args.summary_json}, checkpoint_dir)
+    _export_dir(cluster, args.export_savedmodel, checkpoint_dir)
+    from tfdist import models
+
+    if args.learning_rate is not None and args.model not in models.MODELS:
+        import logging
+
+        logging.getLogger("tfdist").warning("--learning-rate applies to built-in models; --model %s compiles its own "
+                                            "optimizer, and its learning rate is used", args.model)
+    keras = args.keras or (models.DEFAULT_KERAS if args.model in models.MODELS
+                           else models.keras_of_function(_user_function(args.model)) or models.DEFAULT_KERAS)
     if args.no_resume:
         from tfdist.checkpoint import refuse_to_start_over
 
@@ -188,7 +297,6 @@ def run_command(args: argparse.Namespace) -> int:
 
         devices = split_cpu(args.cpu_devices)
     from tfdist import data as data_mod
-    from tfdist import models
     from tfdist.training import fit
 
     # The record index of read-only data directories is cached next to the checkpoints.
@@ -196,20 +304,12 @@ def run_command(args: argparse.Namespace) -> int:
                                       validation=_args.one_or_files(args.validation_data, "--validation-data"),
                                       cache_dir=checkpoint_dir, image_size=args.image_size)
     num_classes = data_mod.num_classes(train, validation)
-    pixels = isinstance(train, data_mod.ImageFolderSource)  # 0-255: the model rescales them first
-
-    def builder():
-        # Called by fit once the strategy exists: reading a file source's example shape runs
-        # TensorFlow ops, which must not start before a multi-worker strategy is created.
-        return models.builder(args.model, input_shape=train.example_shape, num_classes=num_classes,
-                              learning_rate=args.learning_rate, keras=args.keras, rescale=1 / 255 if pixels else None)()
-
-    builder.__name__ = f"build_{args.model}"
+    builder = _model_builder(args, train, num_classes, keras)
     if cluster.task_type == cluster_mod.EVALUATOR:
-        from tfdist.training.evaluator import run_sidecar
+        from tfdist.training.evaluator import run_evaluator
 
-        run_sidecar(builder, validation or train, checkpoint_dir=checkpoint_dir,
-                    log_dir=storage.join(args.output_dir, "tensorboard", "eval"))
+        run_evaluator(builder, validation or train, checkpoint_dir=checkpoint_dir,
+                      log_dir=storage.join(args.output_dir, "tensorboard", "eval"))
         return 0
 
     log_dir = storage.join(args.output_dir, "tensorboard")
@@ -227,7 +327,8 @@ def run_command(args: argparse.Namespace) -> int:
             strategy=args.strategy,
             validation_data=validation,
             validation_freq=args.validation_freq,
-            callbacks=[] if serves else [models.keras_module(args.keras).callbacks.TensorBoard(log_dir=log_dir)],
+            callbacks=[] if serves else _callbacks(args, keras, log_dir, cluster),
+            profile_steps=None if serves else args.profile_steps,
             seed=args.seed,
             deterministic=args.deterministic,
             verbose=args.verbose if args.verbose is not None else "auto",
@@ -256,6 +357,8 @@ def run_command(args: argparse.Namespace) -> int:
     with DeferredSignals():  # a SIGTERM now waits for the model file: the run is complete
         if model_path is not None:
             export.save_model(history.model, model_path, cluster=cluster)
+        if args.export_savedmodel is not None:
+            export.export(history.model, args.export_savedmodel, cluster=cluster)
         if cluster.is_chief:
             print(f"tfdist train: {_summary_line(summary)}", flush=True)
             if args.summary_json:

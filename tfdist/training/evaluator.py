@@ -18,29 +18,72 @@ log = logging.getLogger("tfdist")
 EVALUATED_FILE = "evaluated.json"
 
 
-def run_sidecar(
-    model_builder: Any,
+def run_evaluator(
+    model: Any,
     validation_data: Any,
     *,
     checkpoint_dir: str,
-    log_dir: str | None,
+    log_dir: str | None = None,
     batch_size: int = 256,
     poll_seconds: float = 2.0,
     max_idle_seconds: float | None = None,
 ) -> list[dict]:
     """Evaluates each new checkpoint in ``checkpoint_dir`` until the run's complete one.
 
-    Metrics go to TensorBoard under ``log_dir`` (step = the checkpoint's global step) and
-    the log. Returns one dictionary of metrics per evaluated checkpoint. Stops after the
-    checkpoint marked complete, or after ``max_idle_seconds`` without a new one.
+    This is the evaluator task of a cluster (``tfdist launch --evaluator``): a sidecar that
+    scores the training's checkpoints as they appear, while the workers train. ``tfdist.fit``
+    calls it on the evaluator task, so one training script serves every task. Metrics go to
+    TensorBoard under ``log_dir`` (step = the checkpoint's global step) and to the log. It
+    stops after the checkpoint marked complete, or after ``max_idle_seconds`` without a new one.
 
     With a ``log_dir``, the checkpoints evaluated are recorded there (:data:`EVALUATED_FILE`):
     an evaluator started again (its cluster restarted) skips them, and a checkpoint written
     again under the same name counts as new.
+
+    Args:
+      model: the compiled model the run trains, or the function that builds it (as for ``fit``).
+      validation_data: the data to score each checkpoint on, in any form ``fit`` takes.
+      checkpoint_dir: the run's checkpoint directory (``fit``'s ``checkpoint_dir``).
+      log_dir: where the TensorBoard summaries go (default: none).
+      batch_size: examples per evaluation batch.
+      poll_seconds: seconds between looks for a new checkpoint.
+      max_idle_seconds: stop after this long without a new checkpoint (default: wait on).
+
+    Returns:
+      One dictionary of metrics (and ``global_step``) per evaluated checkpoint.
     """
+    from tfdist.training import model as model_mod
+
+    return _watch(model if model_mod.is_model(model) else model(), validation_data, checkpoint_dir=checkpoint_dir,
+                  log_dir=log_dir, batch_size=batch_size, poll_seconds=poll_seconds, max_idle_seconds=max_idle_seconds)
+
+
+def run_sidecar(model_builder: Any, validation_data: Any, **kwargs) -> list[dict]:
+    """:func:`run_evaluator` with a function that builds the model."""
+    return run_evaluator(model_builder, validation_data, **kwargs)
+
+
+def for_fit(model: Any, data: Any, validation_data: Any, *, checkpoint_dir: str | None, callbacks,
+            task_name: str) -> None:
+    """``fit`` on the evaluator task: :func:`run_evaluator` on ``validation_data`` (else ``data``),
+    its TensorBoard summaries under the log directory of a TensorBoard in ``callbacks`` (``/eval``)."""
+    from tfdist.errors import ModelError
+    from tfdist.training.profiling import tensorboard_of
+
+    if checkpoint_dir is None:
+        raise ModelError(f"tfdist.fit does not train on the evaluator task: it scores the run's checkpoints; received "
+                         f"task {task_name} and no checkpoint_dir. Fix: pass checkpoint_dir= to fit (the same on "
+                         "every task), or leave the evaluator out.")
+    board = tensorboard_of(callbacks)
+    log_dir = storage.join(str(board.log_dir), "eval") if board is not None else None
+    run_evaluator(model, validation_data if validation_data is not None else data, checkpoint_dir=checkpoint_dir,
+                  log_dir=log_dir)
+
+
+def _watch(model, validation_data, *, checkpoint_dir, log_dir, batch_size, poll_seconds, max_idle_seconds):
+    """Evaluates each new checkpoint of ``checkpoint_dir`` with ``model`` (see :func:`run_evaluator`)."""
     import tensorflow as tf
 
-    model = model_builder()
     source = data_mod.as_source(validation_data)
     data_mod.check_labelled(source, use="evaluation")
     dataset = data_mod.validation_dataset(source, batch_size)

@@ -1,7 +1,10 @@
-"""The trained model as one Keras file (``.keras``: architecture, weights, compile configuration),
-written atomically on any TensorFlow filesystem -- what ``tfdist train`` leaves for serving or
-further use, next to the checkpoints that only tfdist reads back -- and read back with the Keras
-that wrote it (``tfdist evaluate``)."""
+"""The trained model as a file others read: a Keras file to train on, a SavedModel to serve.
+
+``save_model`` writes one ``.keras`` file (architecture, weights, compile configuration), read back
+with the Keras that wrote it (``load_model``, ``tfdist evaluate``). ``export`` writes a SavedModel
+directory with a serving signature, what TensorFlow Serving, Vertex AI and TFLite take. Both are
+written by the chief alone, atomically, on any TensorFlow filesystem, every worker taking part.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
+from typing import Any, Callable
 
 from tfdist import storage
-from tfdist.errors import ModelError
+from tfdist.errors import ModelError, StorageError
 from tfdist.training.keras_common import keras_of
 
 log = logging.getLogger("tfdist")
@@ -55,26 +60,158 @@ def save_model(model, path: str, *, cluster=None) -> None:
     Call it on every task that trained, as ``fit`` was: under multi_worker_mirrored, reading the
     model's variables may be a collective that all workers join (tf_keras' ``model.save`` on the
     chief alone fails once the other workers have gone on). The chief's file goes to ``path``;
-    the other workers write a temporary file and remove it. ``cluster``: this task's
-    ``ClusterSpec`` (default: detected, as ``fit`` does).
+    the other workers write a temporary file and remove it.
+
+    Args:
+      model: the trained model (``history.model`` after ``fit``).
+      path: the file to write; its name ends in ``.keras``.
+      cluster: this task's ``ClusterSpec`` (default: detected, as ``fit`` does).
+
+    Raises:
+      ModelError: ``path`` does not end in ``.keras``.
+      StorageError: ``path`` is on a filesystem TensorFlow cannot write.
     """
     check_name(path, what="path")
     storage.check_supported(path, what="path")
+
+    def write(scratch: str) -> str:
+        local = os.path.join(scratch, "model" + SUFFIX)
+        model.save(local)
+        return local
+
+    def publish(local: str) -> None:
+        storage.makedirs(storage.dirname(storage.absolute(path)))
+        storage.copy_atomic(local, path)
+        log.info("trained model written to %s (%.1f MB; load it with %s.models.load_model)", path,
+                 os.path.getsize(local) / 1e6, keras_of(model).__name__)
+
+    _written_by_the_chief(write, publish, cluster=cluster)
+
+
+def export(model, path: str, *, cluster=None) -> str:
+    """Writes a trained Keras model (Keras 3 or tf_keras) as a SavedModel for serving.
+
+    The directory ``path`` (on any TensorFlow filesystem) gets the model's forward pass as the
+    ``serving_default`` signature, with every layer inside the model (preprocessing included).
+    ``tf.saved_model.load(path).signatures["serving_default"]`` calls it; TensorFlow Serving,
+    Vertex AI and the TFLite converter read it. It holds no optimizer: train on with a ``.keras``
+    file (``save_model``).
+
+    Call it on every task that trained, as ``fit`` was: reading the variables may be a collective.
+    The chief writes the directory; the other workers write a temporary one and remove it. The
+    directory appears whole: it is written beside ``path`` and renamed. Where a rename does not
+    move a directory (``gs://``, ``s3://``), ``saved_model.pb`` is written last, and a loader finds
+    none before the rest is there. An earlier SavedModel at ``path`` is replaced.
+
+    Args:
+      model: the trained model (``history.model`` after ``fit``).
+      path: the SavedModel directory, e.g. ``gs://bucket/serving/1`` (TensorFlow Serving reads
+        numbered versions in a folder).
+      cluster: this task's ``ClusterSpec`` (default: detected, as ``fit`` does).
+
+    Returns:
+      ``path``.
+
+    Raises:
+      ModelError: ``path`` names a ``.keras`` file.
+      StorageError: ``path`` is on a filesystem TensorFlow cannot write, or is a file or a
+        directory that holds something other than a SavedModel.
+    """
+    check_export_path(path, what="path")
+    keras = keras_of(model)
+
+    def write(scratch: str) -> str:
+        local = os.path.join(scratch, "savedmodel")
+        if keras.__name__ == "tf_keras":
+            model.export(local)
+        else:
+            model.export(local, format="tf_saved_model", verbose=False)
+        return local
+
+    def publish(local: str) -> None:
+        _publish_directory(local, path)
+        log.info("SavedModel written to %s (signature serving_default; load it with tf.saved_model.load)", path)
+
+    _written_by_the_chief(write, publish, cluster=cluster)
+    return path
+
+
+SAVED_MODEL_FILE = "saved_model.pb"
+"""The file that makes a directory a SavedModel; loaders look for it."""
+
+
+def check_export_path(path: str, *, what: str = "--export-savedmodel") -> None:
+    """Refuses, before any work, a SavedModel directory that cannot be written: a ``.keras`` name,
+    an unsupported filesystem, a file, or a directory holding something else (it would be lost)."""
+    if path.rstrip("/").endswith(SUFFIX):
+        raise ModelError(f"a SavedModel is a directory, not a {SUFFIX} file; received {what}={path!r}. Fix: name a "
+                         f"directory such as serving/1, or write a {SUFFIX} file with tfdist.save_model "
+                         "(--save-model).")
+    storage.check_supported(path, what=what)
+    if storage.isfile(path) or (storage.isdir(path) and storage.listdir(path)
+                                and not storage.exists(storage.join(path, SAVED_MODEL_FILE))):
+        raise StorageError(f"{what} would replace a file or a directory that is not a SavedModel; received "
+                           f"{what}={path!r}. Fix: name a new directory, or an earlier SavedModel to replace.")
+
+
+def _written_by_the_chief(write: Callable[[str], str], publish: Callable[[str], Any], *, cluster) -> None:
+    """``write(scratch)`` on every task (reading variables may be a collective), into a local
+    scratch directory; the chief then ``publish``es what it returned. The scratch goes at the end."""
     if cluster is None:
         from tfdist.cluster import detect
 
         cluster = detect()
     scratch = tempfile.mkdtemp(prefix="tfdist-model-")
     try:
-        local = os.path.join(scratch, "model" + SUFFIX)
-        model.save(local)
+        local = write(scratch)
         if cluster.is_chief:
-            storage.makedirs(storage.dirname(storage.absolute(path)))
-            storage.copy_atomic(local, path)
-            log.info("trained model written to %s (%.1f MB; load it with %s.models.load_model)", path,
-                     os.path.getsize(local) / 1e6, keras_of(model).__name__)
+            publish(local)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+_DIRECTORY_RENAMES = (None, "hdfs")
+"""The filesystems (None: local) whose rename moves a directory whole; on the others (``gs://``,
+``s3://``, ``ram://``) a directory is copied object by object, or not at all."""
+
+
+def _publish_directory(local: str, path: str) -> None:
+    """Copies the local directory ``local`` to ``path`` (any filesystem), whole: into a
+    temporary directory beside it, then renamed (an earlier one at ``path`` goes). Where a
+    rename does not move a directory, the files go to ``path`` itself, ``saved_model.pb`` last."""
+    path = path.rstrip("/")
+    storage.makedirs(storage.dirname(storage.absolute(path)))
+    if storage.scheme(path) not in _DIRECTORY_RENAMES:
+        storage.remove(storage.join(path, SAVED_MODEL_FILE))  # no longer a SavedModel, then emptied
+        storage.rmtree(path)
+        _copy_tree(local, path)
+        return
+    token = uuid.uuid4().hex[:8]
+    tmp, old = f"{path}.tmp-{token}", f"{path}.old-{token}"
+    try:
+        _copy_tree(local, tmp)
+        replacing = storage.exists(path)
+        if replacing:
+            storage.rename(path, old)
+        storage.rename(tmp, path)
+        if replacing:
+            storage.rmtree(old)
+    except BaseException:
+        storage.rmtree(tmp)
+        raise
+
+
+def _copy_tree(local: str, target: str) -> None:
+    """Copies every file under the local directory ``local`` to ``target``, ``saved_model.pb`` last."""
+    files = []
+    for root, _, names in os.walk(local):
+        relative = os.path.relpath(root, local)
+        folder = target if relative == "." else storage.join(target, *relative.split(os.sep))
+        storage.makedirs(folder)
+        files += [(os.path.join(root, name), storage.join(folder, name)) for name in names]
+    files.sort(key=lambda pair: pair[1] == storage.join(target, SAVED_MODEL_FILE))
+    for source, destination in files:
+        storage.copy_atomic(source, destination)
 
 
 def keras_of_file(local: str) -> str:

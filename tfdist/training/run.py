@@ -21,6 +21,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, _logs, storage
+from tfdist import callbacks as callbacks_mod
 from tfdist._pipes import survive_a_closed_output
 from tfdist import data as data_mod
 from tfdist import env
@@ -37,6 +38,7 @@ from tfdist.training.callback_state import CallbackState
 from tfdist.training.controller import Controller, SavePolicy
 from tfdist.training.faults import Faults
 from tfdist.training.keras_common import keras_of
+from tfdist.training import evaluator, profiling
 from tfdist.training.preemption import (Agreement, Preempted, PreemptedAfterTheEnd, Preemption, PreemptionWatcher,
                                         SetupSignals, interrupted)
 from tfdist.training.summary import FitSummary, summarize
@@ -59,6 +61,7 @@ def fit(
     validation_split: float = 0.0,
     validation_freq: int = 1,
     callbacks: Sequence[Any] | None = None,
+    profile_steps: int | tuple[int, int] | None = None,
     seed: int | None = None,
     deterministic: bool = False,
     verbose: int | str = "auto",
@@ -84,7 +87,8 @@ def fit(
 
     Every process of a cluster runs the same call. On the ``ps`` and ``worker`` tasks of a
     parameter-server cluster it serves until the chief has finished the run, or until stopped (and
-    returns None); everywhere else it trains.
+    returns None). On an evaluator task it scores each new checkpoint of ``checkpoint_dir`` on
+    ``validation_data`` (``tfdist.run_evaluator``) and returns None. Everywhere else it trains.
 
     Args:
       model: a function that builds and compiles a Keras 3 (``import keras``) or tf_keras
@@ -109,6 +113,11 @@ def fit(
       batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
         batch. Give one (or neither: 32 per replica, or a PyDataset's own batch size);
         global = grad_accum_steps x replicas x micro batch.
+      callbacks: Keras callbacks of the model's Keras, run on every task that trains. Wrap one
+        that writes outside the model in ``tfdist.callbacks.chief_only``. One with ``state_dict()``
+        and ``load_state_dict(state)`` keeps its state in every checkpoint.
+      profile_steps: ``(first, last)`` global steps (from 1) to profile, or one step. The chief
+        writes a TensorBoard profile into the log directory of the ``TensorBoard`` in ``callbacks``.
       checkpoint_dir: enables checkpoints (every ``save_every_steps`` steps / every
         ``save_every_seconds`` seconds, at each epoch end and at the end) and, with
         ``resume``, continues from the latest one at the exact step and batch. A local
@@ -122,19 +131,24 @@ def fit(
         data = data_mod.with_labels(data, y)
     _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks, seed=seed,
                      validation_freq=validation_freq)
+    profile_steps = profiling.check_steps(profile_steps, callbacks)
     options = _checkpoint_options(
         checkpoint_dir, save_every_steps=save_every_steps, save_every_seconds=save_every_seconds, keep=keep,
         keep_every_hours=keep_every_hours, async_save=async_save, resume=resume, allow_changes=allow_changes,
     )
     # 1. Cluster and strategy.
     cluster = detect() if cluster is None else cluster
-    _check_role(cluster)
+    if cluster.task_type == EVALUATOR:  # the sidecar: scores the checkpoints the workers write
+        evaluator.for_fit(model, data, validation_data, checkpoint_dir=checkpoint_dir, callbacks=callbacks,
+                          task_name=cluster.task_name)
+        return None
     if options is not None:
         storage.check_shared(options.directory, what="checkpoint_dir", tasks=len(cluster.tasks()))
     if not strategy_mod.trains_here(strategy, cluster):
         serve(cluster, checkpoint_dir=options.directory if options is not None else None)  # ps and worker tasks
         return None
     files = ChiefOnlyFiles(callbacks, is_chief=cluster.is_chief, task_name=cluster.task_name)
+    profilers: list = []
     try:
         with SetupSignals():  # a preemption signal before training begins: exit to be restarted
             recorded = layout.latest_metadata(options.directory) if options is not None and options.resume else None
@@ -172,8 +186,11 @@ def fit(
         controller = _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape,
                                  start_step=start_step, history=_epochs_before(point, shape),
                                  callback_state=callback_state)
+        profilers = profiling.profiler(profile_steps, callbacks, steps_per_epoch=shape.plan.steps_per_epoch,
+                                       start_step=start_step, is_chief=cluster.is_chief)
+        callbacks_mod.run_begins(callbacks, _run_shape(strat, traits, shape, checkpoint_dir, start_step))
         keras_history = _run(adapter, built, controller, cluster, traits, shape, train_data, val_data, validation_steps,
-                             callbacks=callbacks, verbose=verbose, checkpointer=checkpointer)
+                             callbacks=[*(callbacks or ()), *profilers], verbose=verbose, checkpointer=checkpointer)
         # 7. Summary.
         history = adapter.history(controller.history, keras_history)
         history.tfdist = summarize(
@@ -185,6 +202,7 @@ def fit(
             checkpoint_dir=checkpoint_dir,
         )
         _give_back(model, built)
+        callbacks_mod.run_ends(callbacks, history.tfdist)
         watcher = controller.preemption.watcher
         if watcher.requested:  # a preemption that came after the last step: the exit it promised, the run complete
             log.warning("%s came after the last step: the run is complete at step %d%s; exiting with code %d as for "
@@ -194,6 +212,18 @@ def fit(
         return history
     finally:
         files.close()
+        for profiler in profilers:
+            profiler.close()
+
+
+def _run_shape(strat, traits, shape: _Shape, checkpoint_dir: str | None, start_step: int) -> dict:
+    """What ``on_run_begin`` callbacks (trackers) receive: the run's strategy, batch sizes and steps."""
+    sizes, plan = shape.sizes, shape.plan
+    return dict(strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
+                all_reduce=strategy_mod.all_reduce_of(strat), global_batch_size=sizes.global_batch_size,
+                per_replica_batch_size=sizes.per_replica_batch_size, micro_batch_size=sizes.micro_batch_size,
+                grad_accum_steps=sizes.grad_accum_steps, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
+                seed=plan.seed, checkpoint_dir=checkpoint_dir, start_step=start_step)
 
 
 def _epochs_before(point: ResumePoint | None, shape: _Shape) -> list:
@@ -268,15 +298,6 @@ def _checkpoint_options(checkpoint_dir, **kwargs) -> CheckpointOptions | None:
 
 
 # --- 1. cluster and strategy -----------------------------------------------------------------
-def _check_role(cluster: ClusterSpec) -> None:
-    """The evaluator does not train: it runs ``tfdist train``'s sidecar."""
-    if cluster.task_type == EVALUATOR:
-        raise ModelError(
-            f"tfdist.fit does not train on the evaluator task; received task {cluster.task_name}. "
-            "Fix: run `tfdist train` there (it evaluates each new checkpoint), or leave the evaluator out."
-        )
-
-
 def _seed(seed: int | None, *, deterministic: bool, recorded: layout.Metadata | None) -> int:
     """The run's seed: given, else the resumed run's own (its data order continues), else a
     fresh one (logged). Seeds Python, NumPy and TensorFlow; switches on op determinism."""

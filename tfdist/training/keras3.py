@@ -319,8 +319,10 @@ def _build_own_optimizers(model, strategy, sample: Any, optimizers: list) -> Non
     specs = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *_shape_of(a)[1:]], tf.as_dtype(a.dtype)), sample)
     for optimizer in unbuilt:
         object.__setattr__(optimizer, "apply", recorder(optimizer, optimizer.apply))
-    def step(batch):
-        strategy.run(model.train_step, args=(batch,))
+    def step(batch):  # in replica context, where mirrored variables can be read (not on parameter servers,
+        if _kind(strategy) == "parameter_server":  # whose steps run on workers: traced here as it is)
+            return model.train_step(batch)
+        return strategy.run(model.train_step, args=(batch,))
 
     try:
         with strategy.scope():

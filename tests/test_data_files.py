@@ -310,8 +310,9 @@ def test_bad_files_and_parse_functions_are_refused_with_the_fix(tmp_path, shards
     # parse_fn is checked on first use (fit's sample), not when the source is made.
     with pytest.raises(DataError, match="must return batched tensors.*parse_example"):
         data.TFRecordSource(f"{shards}/*.tfrecord", lambda s: (tf.zeros([]), tf.zeros([]))).sample(1)
-    with pytest.raises(DataError, match=r"must return \(x, y\)"):
-        data.TFRecordSource(f"{shards}/*.tfrecord", lambda s: {"x": s}).sample(1)
+    with pytest.raises(DataError, match=r"must return x, \(x, y\) or \(x, y, sample_weight\); received tuple of length 4"):
+        data.TFRecordSource(f"{shards}/*.tfrecord", lambda s: (s, s, s, s)).sample(1)
+    assert set(data.TFRecordSource(f"{shards}/*.tfrecord", lambda s: {"x": s}).sample(1)) == {"x"}  # x alone
     unparsable = data.TFRecordSource(f"{shards}/*.tfrecord",
                                      lambda s: tf.io.parse_example(s, {"nope": tf.io.FixedLenFeature([], tf.int64)}))
     with pytest.raises(DataError, match="parse_fn` failed"):

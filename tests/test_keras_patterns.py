@@ -222,3 +222,34 @@ def test_a_pydataset_of_inputs_alone_trains_a_vae_and_resumes_bit_identical(tmp_
     resumed = tfdist.fit(keras_patterns.vae, Images(), checkpoint_dir=str(tmp_path / "crashed"), **options)
     assert resumed.tfdist.start_step > 0 and resumed.tfdist.global_batch_size == 16
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "crashed")))
+
+
+def test_tfrecord_files_parsed_to_inputs_alone_train_an_autoencoder_and_resume_bit_identical(tmp_path):
+    import keras_patterns
+    import tensorflow as tf
+
+    import tfdist
+    from conftest import Crash, crash_after
+
+    images = keras_patterns.images()
+    path = str(tmp_path / "images.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for image in images:
+            writer.write(tf.io.serialize_tensor(image).numpy())
+
+    def parse(serialized):  # no label: the records hold the images only
+        images = tf.map_fn(lambda s: tf.io.parse_tensor(s, tf.float32), serialized, fn_output_signature=tf.float32)
+        return tf.ensure_shape(images, [None, 8, 8, 1])
+
+    def source():
+        return tfdist.TFRecordSource(path, parse)
+
+    options = dict(epochs=2, batch_size=16, seed=0, deterministic=True, strategy="one_device", verbose=0,
+                   save_every_steps=2)
+    tfdist.fit(keras_patterns.autoencoder, source(), checkpoint_dir=str(tmp_path / "reference"), **options)
+    with pytest.raises(Crash):
+        tfdist.fit(keras_patterns.autoencoder, source(), checkpoint_dir=str(tmp_path / "crashed"),
+                   callbacks=[crash_after(7)], **options)
+    resumed = tfdist.fit(keras_patterns.autoencoder, source(), checkpoint_dir=str(tmp_path / "crashed"), **options)
+    assert resumed.tfdist.start_step > 0
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "crashed")))

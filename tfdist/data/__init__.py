@@ -46,7 +46,7 @@ checkpoint) -> ``dataset_fn(source, plan, start_step=..., stop_step=...)`` for
 ``distribute_datasets_from_function`` -> ``validation_input``.
 """
 
-from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource, check_validation_split
+from tfdist.data.arrays import MAX_EMBEDDED_BYTES, ArraySource, check_validation_split, inputs_of
 from tfdist.data.batching import DEFAULT_PER_REPLICA_BATCH, BatchSizes
 from tfdist.data.class_weights import ClassWeights
 from tfdist.data.files import Layout, TFRecordSource
@@ -78,6 +78,7 @@ __all__ = [
     "check_labelled",
     "check_same_classes",
     "check_validation_split",
+    "inputs_of",
     "dataset_fn",
     "load",
     "load_digits",

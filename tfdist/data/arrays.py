@@ -110,6 +110,12 @@ def _element(x: Any, y: Any, sample_weight: Any) -> Any:
     return (x, y) if sample_weight is None else (x, y, sample_weight)
 
 
+def inputs_of(element: Any) -> Any:
+    """The inputs ``x`` of an element or batch: the first part of a tuple (``(x, y)``, or ``(x,)``
+    holding a tuple of inputs), else the element itself (``x`` alone)."""
+    return element[0] if isinstance(element, tuple) else element
+
+
 def _strings_as_text(path: str, leaf: np.ndarray, name: str) -> np.ndarray:
     """``leaf``, with an array of Python objects that are all strings (a pandas column) as an array
     of UTF-8 bytes, which TensorFlow reads as ``tf.string``; other objects are refused."""

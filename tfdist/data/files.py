@@ -44,6 +44,7 @@ import numpy as np
 from tfdist import _checks
 from tfdist.data import order as order_mod
 from tfdist.data import records as records_mod
+from tfdist.data.arrays import inputs_of
 from tfdist.errors import BatchSizeError, DataError, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -194,7 +195,7 @@ class TFRecordSource:
     def example_shape(self) -> Any:
         import tensorflow as tf
 
-        return tf.nest.map_structure(lambda a: tuple(np.shape(a)[1:]), self.sample(1)[0])
+        return tf.nest.map_structure(lambda a: tuple(np.shape(a)[1:]), inputs_of(self.sample(1)))
 
     def failure_of(self, error: BaseException) -> DataError | None:
         """TensorFlow's ``corrupted record at N`` (a record failing its checksum, e.g. a file damaged
@@ -249,13 +250,15 @@ class TFRecordSource:
 
     def _parse(self, serialized):
         out = self.parse_fn(serialized)
-        if not (isinstance(out, (tuple, list)) and len(out) in (2, 3)):
-            raise DataError(
-                f"`parse_fn` must return (x, y) or (x, y, sample_weight); received {type(out).__name__}"
-                f"{f' of length {len(out)}' if isinstance(out, (tuple, list)) else ''}. "
-                "Fix: return a pair of batched tensors, e.g. (parsed['image'], parsed['label'])."
-            )
-        return tuple(out)
+        if isinstance(out, (tuple, list)) and len(out) in (2, 3):
+            return tuple(out)
+        if not isinstance(out, (tuple, list)) or len(out) == 1:  # x alone (a tensor, a dict), as Keras' fit takes it
+            return tuple(out) if isinstance(out, (tuple, list)) else out
+        raise DataError(
+            f"`parse_fn` must return x, (x, y) or (x, y, sample_weight); received {type(out).__name__} of length "
+            f"{len(out)}. Fix: return a pair of batched tensors, e.g. (parsed['image'], parsed['label']), or the "
+            "inputs alone for a model that needs no labels."
+        )
 
     def _check_parse_fn(self) -> None:
         import tensorflow as tf
@@ -277,7 +280,7 @@ class TFRecordSource:
                 f"`parse_fn` failed on the first records of {self.name!r} ({reason}). "
                 "Fix: parse_fn receives a 1-D string tensor of serialized records; parse it with tf.io.parse_example."
             ) from None
-        for label, value in zip(("x", "y", "sample_weight"), element):
+        for label, value in zip(("x", "y", "sample_weight"), element if isinstance(element, tuple) else (element,)):
             for leaf in tf.nest.flatten(value):
                 if np.ndim(leaf) < 1 or np.shape(leaf)[0] != batch:
                     spec_file = getattr(self.parse_fn, "spec_file", None)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tfdist.data.arrays import _as_arrays, _named, numpy_gather
+from tfdist.data.arrays import _as_arrays, _named, inputs_of, numpy_gather
 from tfdist.errors import DataError
 
 log = logging.getLogger("tfdist")
@@ -216,8 +216,7 @@ class PyDatasetSource:
     def example_shape(self) -> Any:
         import tensorflow as tf
 
-        x = self._element[0] if isinstance(self._element, tuple) and len(self._element) > 1 else self._element
-        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), x)
+        return tf.nest.map_structure(lambda a: tuple(a.shape[1:]), inputs_of(self._element))
 
     @property
     def example_bytes(self) -> int:

@@ -159,7 +159,7 @@ def _check_fits(model, source) -> None:
     inputs = getattr(model, "inputs", None) or []
     if len(inputs) != 1 or not source.num_examples:
         return
-    arrays = tf.nest.flatten(source.sample(1)[0])
+    arrays = tf.nest.flatten(data_mod.inputs_of(source.sample(1)))
     if len(arrays) != 1:
         return
     declared, given = tuple(inputs[0].shape)[1:], tuple(np.shape(arrays[0]))[1:]

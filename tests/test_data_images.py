@@ -13,7 +13,7 @@ import pytest
 
 import tfdist
 from tfdist.data.images import ImageFolderSource
-from tfdist.errors import DataError
+from tfdist.errors import DataError, ModelError
 
 from conftest import Crash, crash_after, same_weights, script_result
 
@@ -94,7 +94,7 @@ def test_labels_none_or_a_list_read_every_image_at_any_depth_as_keras_does(folde
     x_keras = np.stack([x.numpy() for x in expected])
     unlabelled = ImageFolderSource(folder, labels=None, image_size=(12, 10))
     assert not unlabelled.labelled and unlabelled.num_examples == len(x_keras) == 36
-    assert np.array_equal(unlabelled.sample(100)[0], x_keras)
+    assert np.array_equal(unlabelled.sample(100), x_keras)  # the images alone, as Keras gives them
     given = [i % 2 for i in range(36)]  # one per image, in the order of the paths
     expected = keras.utils.image_dataset_from_directory(folder, labels=given, label_mode="binary", image_size=(12, 10),
                                                         shuffle=False, batch_size=None, verbose=False)
@@ -102,9 +102,9 @@ def test_labels_none_or_a_list_read_every_image_at_any_depth_as_keras_does(folde
     x, y = source.sample(100)
     assert np.array_equal(x, x_keras) and np.array_equal(y, np.stack([y.numpy() for _, y in expected]))
     assert source.labelled and source.num_classes == 2 and source.fingerprint() != unlabelled.fingerprint()
-    # Images without labels are for predicting: training and evaluating on them are refused.
-    with pytest.raises(DataError, match=r"training needs labelled examples; received 'images in .*', read with "
-                                        r"labels=None. Fix: pass labels='inferred'"):
+    # Images without labels train a model that needs none (an autoencoder's own train_step); a
+    # classifier's compiled loss needs labels, and validating or evaluating on them is refused.
+    with pytest.raises(ModelError, match=r"compiled with a loss.*received data without labels.*Fix: pass \(x, y\)"):
         _fit(ImageFolderSource(folder, labels=None, image_size=(16, 16)), epochs=1)
     with pytest.raises(DataError, match=r"validation needs labelled examples"):
         _fit(ImageFolderSource(folder, image_size=(16, 16)), epochs=1,

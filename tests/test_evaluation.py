@@ -154,7 +154,7 @@ def test_images_in_folders_evaluate_as_fit_validated_them(tmp_path):
     # Predicting needs no labels: a folder's name reads every image under it (labels=None), at the model's size.
     outputs = tfdist.predict(history.model, images, batch_size=8, verbose=0)
     unlabelled = tfdist.ImageFolderSource(images, labels=None, image_size=(16, 16))
-    np.testing.assert_allclose(outputs, history.model.predict(unlabelled.sample(36)[0], verbose=0), atol=1e-5)
+    np.testing.assert_allclose(outputs, history.model.predict(unlabelled.sample(36), verbose=0), atol=1e-5)
     with pytest.raises(DataError, match="evaluate needs labelled examples; received 'images in"):
         tfdist.evaluate(history.model, unlabelled, batch_size=8, verbose=0)
 

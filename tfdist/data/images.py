@@ -278,22 +278,21 @@ class ImageFolderSource:
     def _label(self, labels: "Any") -> "Any":
         import tensorflow as tf
 
-        if not self.labelled:  # zeros, for a predict step that ignores them
-            return labels
         if self.label_mode == "categorical":
             return tf.one_hot(labels, self.num_classes, dtype=tf.float32)
         if self.label_mode == "binary":
             return tf.cast(labels, tf.float32)[:, None]
         return labels
 
-    def _decode(self, paths: "Any", labels: "Any") -> tuple:
-        """``(images, labels)`` of a batch of paths (relative to the directory) and class numbers."""
+    def _decode(self, paths: "Any", labels: "Any") -> Any:
+        """``(images, labels)`` of a batch of paths (relative to the directory) and class numbers;
+        the images alone when read with ``labels=None``, as Keras' ``fit`` takes data without labels."""
         import tensorflow as tf
 
         spec = tf.TensorSpec(self.example_shape, tf.float32)
         images = tf.map_fn(self._load, tf.strings.join([_join(self.directory, ""), paths]),
                            fn_output_signature=spec)
-        return images, self._label(labels)
+        return (images, self._label(labels)) if self.labelled else images
 
     def gather_fn(self, *, embed: bool = False) -> Callable:
         """``indices -> (images, labels)``: TensorFlow ops only, so the same under every strategy
@@ -303,12 +302,13 @@ class ImageFolderSource:
         paths, labels = tf.constant(self.files, tf.string), tf.constant(self.labels)
         return lambda idx: self._decode(tf.gather(paths, idx), tf.gather(labels, idx))
 
-    def sample(self, count: int) -> tuple:
-        """The first ``count`` examples ``(images, labels)``, as NumPy arrays."""
+    def sample(self, count: int) -> Any:
+        """The first ``count`` examples as NumPy arrays: ``(images, labels)``, or the images alone
+        (``labels=None``)."""
         import tensorflow as tf
 
-        images, labels = self._decode(tf.constant(self.files[:count], tf.string), tf.constant(self.labels[:count]))
-        return images.numpy(), labels.numpy()
+        element = self._decode(tf.constant(self.files[:count], tf.string), tf.constant(self.labels[:count]))
+        return tf.nest.map_structure(lambda t: t.numpy(), element)
 
     def failure_of(self, error: BaseException) -> DataError | None:
         """TensorFlow's error reading an image, as a DataError naming the file: one whose first bytes

@@ -324,7 +324,6 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
         source, default_validation = data_mod.load(data)
     else:
         source, default_validation = data_mod.as_source(data), None
-    data_mod.check_labelled(source, use="training")
     if validation_split:
         source, default_validation = _split_off_validation(source, validation_split, data=data,
                                                            validation_data=validation_data)

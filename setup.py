@@ -35,6 +35,12 @@ setup(
             "nbformat>=5.9",
             "ipykernel>=6.29",
         ],
+        "docs": [
+            "mkdocs>=1.6",
+            "mkdocs-material>=9.5",
+            "mkdocstrings[python]>=0.26",
+            "mkdocs-jupyter>=0.25",
+        ],
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli:run"]},
 )

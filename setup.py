@@ -40,6 +40,7 @@ setup(
             "mkdocs-material>=9.5",
             "mkdocstrings[python]>=0.26",
             "mkdocs-jupyter>=0.25",
+            "black>=24",  # mkdocstrings formats the long signatures with it
         ],
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli:run"]},

@@ -5,6 +5,8 @@
 * ``<!-- plot: NAME.svg -->`` before a table makes ``img/NAME.svg``, a plot of that table.
 * The notebooks of ``notebooks/`` are added to the site as ``notebooks/*.ipynb``.
 * Pages other engineers write (``OPTIONAL_PAGES``) join the navigation when they exist.
+* A notebook's table of contents links to its headings' real ids (mkdocs-jupyter leaves the
+  code words of a heading out of the link, but not out of the id).
 """
 
 from __future__ import annotations
@@ -72,6 +74,31 @@ def on_page_markdown(markdown, page, config, files):
     if "<!-- error-messages -->" in markdown:
         markdown = markdown.replace("<!-- error-messages -->", error_messages())
     return markdown
+
+
+def on_post_page(output, page, config):
+    """Points a notebook's table-of-contents links at the ids its headings have."""
+    if not page.file.src_uri.endswith(".ipynb"):
+        return output
+    ids = re.findall(r'\bid="([^"]+)"', output)
+    known = set(ids)
+
+    def heading(fragment: str) -> str | None:
+        words = fragment.split("-")
+        for candidate in ids:
+            rest = iter(candidate.split("-"))
+            if all(word in rest for word in words):  # the fragment's words, in order, within the id
+                return candidate
+        return None
+
+    def fix(match: re.Match) -> str:
+        fragment = match.group(1)
+        if fragment in known:
+            return match.group(0)
+        target = heading(fragment)
+        return f'href="#{target}"' if target else match.group(0)
+
+    return re.sub(r'href="#([^"]+)"', fix, output)
 
 
 # --- the command line -------------------------------------------------------------------------

@@ -434,6 +434,7 @@ class Plan:
     # --- report -------------------------------------------------------------------------
     @property
     def warnings(self) -> tuple[str, ...]:
+        """Notes on the plan, such as samples dropped each epoch, one line each."""
         notes = []
         if self.dropped_samples_per_epoch:
             notes.append(

@@ -216,7 +216,7 @@ def plot_table(table: str, *, title: str) -> bytes:
     if len(header) > 3:
         target = float(body[0][3].lstrip("≤ ").strip())
         ax.axvline(target, color="#c62828", linestyle="--", label=f"target {target:g}")
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)  # above the bars
     ax.set_xlabel(header[1])
     fig.tight_layout()
     buffer = io.StringIO()

@@ -140,6 +140,42 @@ def test_code_blocks_run(page, tmp_path):
         _run(["bash", str(script)], cwd=tmp_path, timeout=600, what=f"the bash blocks of {page}")
 
 
+# --- the README and the navigation -----------------------------------------------------------
+TEST_COMMAND = ('python3 -m venv .venv && . .venv/bin/activate && pip install ".[test]" && '
+                "python -m pytest -q -n 2 --dist worksteal")
+
+
+def test_the_readme_fits_on_a_few_screens_and_gives_the_ci_command():
+    text = _read("README.md")
+    assert len(text.split()) <= 1500, f"README.md has {len(text.split())} words: move detail into docs/"
+    assert TEST_COMMAND in text
+    assert "python -m pytest -q -n 2 --dist worksteal" in _read(".ci/run")
+
+
+def _nav_pages(entries) -> list[tuple[str, str]]:
+    found = []
+    for entry in entries:
+        for title, value in entry.items():
+            found += _nav_pages(value) if isinstance(value, list) else [(title, value)]
+    return found
+
+
+def test_the_navigation_answers_the_common_questions_and_lists_pages_that_exist():
+    import yaml
+
+    config = yaml.safe_load(_read("mkdocs.yml"))
+    nav = dict(_nav_pages(config["nav"]))
+    for question, title in (("how do I run on two machines", "Run on several machines"),
+                            ("how do I resume", "Resume after a crash"),
+                            ("how do I use my TFRecords", "Use your TFRecord files"),
+                            ("how do I turn on mixed precision", "Mixed precision and gradient accumulation")):
+        assert title in nav, f"no page answers {question!r}"
+    for title, page in nav.items():
+        source = os.path.join(REPO, "notebooks", os.path.basename(page)) if page.startswith("notebooks/") \
+            else os.path.join(REPO, "docs", page)
+        assert os.path.exists(source), f"the navigation's {title!r} names {page}, which does not exist"
+
+
 # --- the public API's docstrings ------------------------------------------------------------
 SECTION = re.compile(r"^(?P<indent>\s*)(?P<name>Args|Arguments|Attributes|Returns|Raises|Examples):\s*$")
 EXAMPLE_REQUIRED = {"fit", "evaluate", "predict", "plan", "make_strategy", "TFRecordSource", "ImageFolderSource",

@@ -83,12 +83,9 @@ def evaluate(
         import keras
         import tfdist
 
-        def build():
-            model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
-            model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-            return model
-
-        history = tfdist.fit(build, "digits", epochs=2, batch_size=64, seed=0)
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        history = tfdist.fit(model, "digits", epochs=2, batch_size=64, seed=0)
         print(tfdist.evaluate(history.model, "digits"))   # {'accuracy': ..., 'loss': ...}
         ```
     """

@@ -137,7 +137,18 @@ def test_code_blocks_run(page, tmp_path):
     if bash:
         script = tmp_path / "blocks.sh"
         script.write_text("set -euo pipefail\n" + bash)
-        _run(["bash", str(script)], cwd=tmp_path, timeout=600, what=f"the bash blocks of {page}")
+        out = _run(["bash", str(script)], cwd=tmp_path, timeout=600, what=f"the bash blocks of {page}")
+        printed = " ".join(out.split())
+        for line in shown_output(_read(page)):
+            assert " ".join(line.split()) in printed, f"{page} shows {line!r}, which its commands no longer print"
+
+
+def shown_output(text: str) -> list[str]:
+    """The lines of the ``text`` blocks a page introduces with "It prints:", but ``...``."""
+    lines = []
+    for match in re.finditer(r"It prints:\n\n```text\n(.*?)^```", text, re.S | re.M):
+        lines += [line for line in match.group(1).splitlines() if line.strip() and line.strip() != "..."]
+    return lines
 
 
 # --- the README and the navigation -----------------------------------------------------------

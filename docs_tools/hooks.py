@@ -42,13 +42,22 @@ def on_config(config):
     for page, (section, title) in OPTIONAL_PAGES.items():
         if not os.path.exists(os.path.join(config["docs_dir"], page)):
             continue
-        if any(page in str(entry) for entry in nav):
+        if page in _listed(nav):
             continue  # already listed by hand
         for entry in nav:
             if isinstance(entry, dict) and section in entry:
                 entry[section].append({title: page})
                 break
     return config
+
+
+def _listed(entries) -> set[str]:
+    """Every page a navigation (or a section of it) lists."""
+    found = set()
+    for entry in entries:
+        for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            found |= _listed(value) if isinstance(value, list) else {value}
+    return found
 
 
 @event_priority(100)  # before mkdocs-jupyter, which converts the .ipynb files it is given

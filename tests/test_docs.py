@@ -193,25 +193,37 @@ EXAMPLE_REQUIRED = {"fit", "evaluate", "predict", "plan", "make_strategy", "TFRe
                     "save_model", "split_cpu", "detect_cluster", "ClusterSpec", "Plan"}
 
 
+def _definition(module: str, attr: str) -> ast.AST:
+    """The top-level function or class ``attr`` of ``module`` (of a package: of one of its modules)."""
+    path = importlib.util.find_spec(module).origin
+    candidates = [path]
+    if os.path.basename(path) == "__init__.py":  # a package re-exporting the name: find where it is defined
+        candidates += sorted(glob.glob(os.path.join(os.path.dirname(path), "*.py")))
+    for candidate in candidates:
+        tree = ast.parse(open(candidate, encoding="utf-8").read())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == attr:
+                return node
+    raise LookupError(f"{module}.{attr} is not defined in {candidates}")
+
+
 def _public() -> dict[str, ast.AST]:
-    """Every name of ``tfdist.__all__`` (but ``__version__``) -> its function or class node."""
+    """Every name of ``tfdist.__all__`` (but ``__version__``) -> its function or class node. A
+    module in ``__all__`` (``tfdist.callbacks``) gives each name of its own ``__all__``."""
     import tfdist  # imports no TensorFlow
 
     nodes = {}
     for name in tfdist.__all__:
         if name == "__version__":
             continue
+        if name in getattr(tfdist, "_SUBMODULES", ()):
+            module = importlib.import_module(f"tfdist.{name}")
+            for attr in getattr(module, "__all__", ()):
+                nodes[f"{name}.{attr}"] = _definition(module.__name__, attr)
+            continue
         target = tfdist._LAZY.get(name, ("tfdist.errors", name))
         module, attr = target if isinstance(target, tuple) else (target, name)
-        path = importlib.util.find_spec(module).origin
-        if os.path.basename(path) == "__init__.py":  # a package re-exporting the name: find where it is defined
-            for candidate in sorted(glob.glob(os.path.join(os.path.dirname(path), "*.py"))):
-                tree = ast.parse(open(candidate, encoding="utf-8").read())
-                if any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == attr for n in tree.body):
-                    path = candidate
-                    break
-        tree = ast.parse(open(path, encoding="utf-8").read())
-        nodes[name] = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == attr)
+        nodes[name] = _definition(module, attr)
     return nodes
 
 
@@ -298,6 +310,16 @@ def test_every_public_symbol_documents_every_parameter(name):
 
 def _properties(node: ast.AST) -> set[str]:
     return {n.name for n in getattr(node, "body", []) if isinstance(n, ast.FunctionDef)}
+
+
+def test_the_api_reference_shows_every_public_name():
+    import tfdist
+
+    shown = set()
+    for page in glob.glob(os.path.join(REPO, "docs", "api", "*.md")):
+        shown |= set(re.findall(r"^::: tfdist\.(\w+)", open(page, encoding="utf-8").read(), re.M))
+    missing = sorted(set(tfdist.__all__) - shown - {"__version__"})
+    assert not missing, f"docs/api/*.md lacks a '::: tfdist.NAME' line for {missing}"
 
 
 def test_the_docstring_check_catches_a_missing_parameter():

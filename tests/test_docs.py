@@ -187,6 +187,49 @@ def test_the_navigation_answers_the_common_questions_and_lists_pages_that_exist(
         assert os.path.exists(source), f"the navigation's {title!r} names {page}, which does not exist"
 
 
+# --- house style -----------------------------------------------------------------------------
+LONGEST_SENTENCE = 40  # words: the style asks for about 25; this catches the run-on ones
+
+
+def prose_sentences(text: str) -> list[str]:
+    """The sentences of Markdown prose: no code, comments, headings or tables; list items apart."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    found = []
+    for block in re.split(r"\n\s*\n", text):
+        items: list[list[str]] = []
+        for line in block.splitlines():
+            if not line.strip() or line.lstrip().startswith(("|", "#", ">>>")):
+                continue
+            if re.match(r"\s*([*-]|\d+\.)\s", line) or not items:
+                items.append([])
+            items[-1].append(line)
+        for item in items:
+            words = re.sub(r"``[^`]*``|`[^`]*`", "X", " ".join(item))  # reST and Markdown code
+            words = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", words)
+            found += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z*X\[(])", words) if s.strip()]
+    return found
+
+
+def test_prose_follows_the_house_style():
+    texts = {page: _read(page) for page in PAGES}
+    texts.update({f"tfdist.{name}": re.sub(r"\nExamples:\n.*", "", ast.get_docstring(node) or "", flags=re.S)
+                  for name, node in PUBLIC.items()})
+    problems = []
+    for where, text in texts.items():
+        for sentence in prose_sentences(text):
+            if len(sentence.split()) > LONGEST_SENTENCE:
+                problems.append(f"{where}: {len(sentence.split())} words: {sentence[:100]}...")
+            if sentence.count(";") >= 2:
+                problems.append(f"{where}: a chain of semicolons: {sentence[:100]}...")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_style_check_finds_a_run_on_sentence():
+    run_on = "Word " + " ".join(["word"] * 44) + "."
+    assert [len(s.split()) for s in prose_sentences(f"Short one. {run_on}\n\n* A list item.\n")] == [2, 45, 4]
+
+
 # --- the public API's docstrings ------------------------------------------------------------
 SECTION = re.compile(r"^(?P<indent>\s*)(?P<name>Args|Arguments|Attributes|Returns|Raises|Examples):\s*$")
 EXAMPLE_REQUIRED = {"fit", "evaluate", "predict", "plan", "make_strategy", "TFRecordSource", "ImageFolderSource",

@@ -372,8 +372,8 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
 def detect(environ: Mapping[str, str] | None = None) -> ClusterSpec:
     """Detects this process's cluster.
 
-    The cluster comes from, in this order: ``TF_CONFIG``; a Slurm ``srun`` step of several tasks;
-    otherwise the local machine.
+    The cluster comes from ``TF_CONFIG``, else from a Slurm ``srun`` step of several tasks, else
+    from the local machine.
 
     Args:
       environ: The environment variables to read. Defaults to None: ``os.environ``.

@@ -37,6 +37,13 @@ setup(
             "mlflow-skinny>=2.9",
         ],
         "mlflow": ["mlflow-skinny>=2.9"],
+        "docs": [
+            "mkdocs>=1.6",
+            "mkdocs-material>=9.5",
+            "mkdocstrings[python]>=0.26",
+            "mkdocs-jupyter>=0.25",
+            "black>=24",  # mkdocstrings formats the long signatures with it
+        ],
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli:run"]},
 )

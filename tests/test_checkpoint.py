@@ -783,7 +783,7 @@ def test_a_checkpoint_prefix_given_as_checkpoint_dir_is_refused_not_trained_into
     before = _tree_digest(tmp_path)
     with pytest.raises(CheckpointError, match=r"checkpoint_dir names a checkpoint, not a directory; received "
                                               r"checkpoint_dir='.*/ckpt-12' \(ckpt-12.index is there\)\. Fix: pass "
-                                              r"its directory .*'Rolling back'"):
+                                              r"its directory .*'Roll back to an earlier checkpoint'"):
         _fit(tmp_path / "ckpt-12", epochs=2)
     assert _tree_digest(tmp_path) == before
 

@@ -35,6 +35,9 @@ def is_chief(cluster=None) -> bool:
     Args:
       cluster: a ``tfdist.ClusterSpec`` to ask instead (default: detected).
 
+    Returns:
+      True on the chief, False on every other task.
+
     Raises:
       ClusterConfigError: ``TF_CONFIG`` or the Slurm variables describe an invalid cluster.
     """
@@ -47,6 +50,9 @@ def task_role(cluster=None) -> str:
 
     Args:
       cluster: a ``tfdist.ClusterSpec`` to ask instead (default: detected).
+
+    Returns:
+      The role and index, such as ``"worker:1"``.
 
     Raises:
       ClusterConfigError: ``TF_CONFIG`` or the Slurm variables describe an invalid cluster.
@@ -80,14 +86,24 @@ def either_keras_callback() -> type:
 
 
 def run_begins(callbacks, run: dict) -> None:
-    """Calls ``on_run_begin(run)`` of the callbacks that have it (``fit``, before training)."""
+    """Calls ``on_run_begin(run)`` of the callbacks that have it (``fit``, before training).
+
+    Args:
+      callbacks: the callbacks passed to ``fit``, or None.
+      run: the run's shape (strategy, replicas, batch sizes, epochs...); each callback gets a copy.
+    """
     for cb in callbacks or ():
         if callable(getattr(cb, "on_run_begin", None)):
             cb.on_run_begin(dict(run))
 
 
 def run_ends(callbacks, summary) -> None:
-    """Calls ``on_run_end(summary)`` of the callbacks that have it (``fit``, with its ``FitSummary``)."""
+    """Calls ``on_run_end(summary)`` of the callbacks that have it (``fit``, with its ``FitSummary``).
+
+    Args:
+      callbacks: the callbacks passed to ``fit``, or None.
+      summary: the run's ``FitSummary``.
+    """
     for cb in callbacks or ():
         if callable(getattr(cb, "on_run_end", None)):
             cb.on_run_end(summary)

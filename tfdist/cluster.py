@@ -37,8 +37,29 @@ _TF_CONFIG_EXAMPLE = (
 class ClusterSpec:
     """The cluster this process belongs to, and its own place in it.
 
-    ``jobs`` maps a role (``chief``, ``worker``, ``ps``, ``evaluator``) to its task
-    addresses; ``master`` is normalized to ``chief``. A local run has no jobs.
+    [`detect_cluster`][tfdist.detect_cluster] builds it from ``TF_CONFIG`` or a Slurm step. Pass
+    one to ``fit``, ``evaluate``, ``predict`` or ``make_strategy`` to override the detection.
+    Invalid values raise ``ClusterConfigError`` naming the field.
+
+    Attributes:
+      jobs: Maps a role (``chief``, ``worker``, ``ps``, ``evaluator``) to its task addresses, each
+        ``host:port``. ``master`` is read as ``chief``. Defaults to no jobs: a local run.
+      task_type: This process's role. Defaults to None: a local run.
+      task_index: This process's index within its role. Defaults to None.
+      source: Where the cluster came from, for messages: ``"local"``, ``"TF_CONFIG"`` or
+        ``"Slurm"``. Defaults to ``"local"``.
+      environment: ``TF_CONFIG``'s ``environment``, such as ``"cloud"``. Defaults to None.
+      rpc_layer: The protocol between tasks. Defaults to ``"grpc"``.
+
+    Examples:
+        ```python
+        import tfdist
+
+        cluster = tfdist.ClusterSpec(jobs={"worker": ["host1:2222", "host2:2222"]},
+                                     task_type="worker", task_index=0)
+        print(cluster.is_chief, cluster.num_workers)   # True 2
+        print(cluster.to_tf_config(task_index=1))
+        ```
     """
 
     jobs: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -65,10 +86,12 @@ class ClusterSpec:
 
     @property
     def num_ps(self) -> int:
+        """Parameter-server tasks."""
         return len(self.jobs.get(PS, ()))
 
     @property
     def is_local(self) -> bool:
+        """True outside a cluster: no jobs."""
         return not self.jobs
 
     @property
@@ -82,12 +105,14 @@ class ClusterSpec:
 
     @property
     def task_address(self) -> str | None:
+        """This task's ``host:port``, or None outside a cluster."""
         if self.task_type is None or self.task_type not in self.jobs:
             return None
         return self.jobs[self.task_type][self.task_index or 0]
 
     @property
     def task_name(self) -> str:
+        """``role:index``, such as ``worker:1``, or ``local`` outside a cluster."""
         return "local" if self.is_local else f"{self.task_type}:{self.task_index}"
 
     def training_jobs(self) -> dict[str, list[str]]:
@@ -95,7 +120,15 @@ class ClusterSpec:
         return {role: list(addrs) for role, addrs in self.jobs.items() if role != EVALUATOR}
 
     def to_tf_config(self, task_type: str | None = None, task_index: int | None = None) -> dict:
-        """The TF_CONFIG dictionary of one task (this one by default)."""
+        """The TF_CONFIG dictionary of one task.
+
+        Args:
+          task_type: The task's role. Defaults to None: this task's.
+          task_index: The task's index. Defaults to None: this task's.
+
+        Returns:
+          The dictionary to serialize with ``json.dumps`` into that task's ``TF_CONFIG``.
+        """
         task_type = self.task_type if task_type is None else task_type
         task_index = self.task_index if task_index is None else task_index
         config: dict[str, Any] = {
@@ -111,6 +144,7 @@ class ClusterSpec:
         return [(role, i, addr) for role in ROLES for i, addr in enumerate(self.jobs.get(role, ()))]
 
     def describe(self) -> str:
+        """One line for logs: the jobs, where they came from and this task."""
         if self.is_local:
             return "local machine (no cluster configured)"
         parts = [f"{len(addrs)} {role}" for role, addrs in self.jobs.items() if addrs]
@@ -336,7 +370,31 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
 
 
 def detect(environ: Mapping[str, str] | None = None) -> ClusterSpec:
-    """Detects this process's cluster; raises ClusterConfigError if it is invalid."""
+    """Detects this process's cluster.
+
+    The cluster comes from ``TF_CONFIG``, else from a Slurm ``srun`` step of several tasks, else
+    from the local machine.
+
+    Args:
+      environ: The environment variables to read. Defaults to None: ``os.environ``.
+
+    Returns:
+      The [`ClusterSpec`][tfdist.ClusterSpec] of this process. Its ``is_chief`` says whether this
+        task writes checkpoints, logs and files.
+
+    Raises:
+      ClusterConfigError: ``TF_CONFIG`` or the Slurm variables are invalid: bad JSON, a missing
+        ``task``, an unknown role, an index out of range, a duplicate address.
+
+    Examples:
+        ```python
+        import tfdist
+
+        config = '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, "task": {"type": "worker", "index": 1}}'
+        cluster = tfdist.detect_cluster({"TF_CONFIG": config})
+        print(cluster.task_name, cluster.is_chief)   # worker:1 False
+        ```
+    """
     import os
 
     environ = os.environ if environ is None else environ

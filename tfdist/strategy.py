@@ -271,9 +271,28 @@ MAX_CPU_DEVICES = 64
 
 
 def split_cpu(count: int) -> list[str]:
-    """Splits the CPU into ``count`` logical devices (stand-ins for GPUs on a CPU machine).
+    """Splits the CPU into ``count`` logical devices, stand-ins for GPUs on a CPU machine.
 
-    Must run before TensorFlow's runtime starts; returns the device names.
+    Call it before TensorFlow's runtime starts: first thing in the program, or in a notebook's
+    first cell.
+
+    Args:
+      count: The number of logical devices, from 1 to 64.
+
+    Returns:
+      The device names, such as ``["/cpu:0", "/cpu:1"]``.
+
+    Raises:
+      StrategyError: ``count`` is out of range, or TensorFlow's runtime already started.
+
+    Examples:
+        ```python
+        import tfdist
+
+        devices = tfdist.split_cpu(2)
+        strategy = tfdist.make_strategy("mirrored", devices=devices)
+        print(strategy.num_replicas_in_sync)   # 2
+        ```
     """
     import tensorflow as tf
 
@@ -482,10 +501,42 @@ def make_strategy(
     collective_timeout: float | None = None,
     startup_timeout: float | None = None,
 ) -> "tf.distribute.Strategy":
-    """Creates the strategy ``name`` (or the one ``auto`` picks) for this process's cluster.
+    """Creates the strategy ``name``, or the one ``"auto"`` picks, for this process's cluster.
 
-    Every process of a cluster must call this, with the same arguments. A ready
-    ``tf.distribute.Strategy`` is returned unchanged.
+    Every process of a cluster must call it with the same arguments. The choice is logged once
+    with its reason. Calling it again with the same arguments returns the same strategy.
+
+    Args:
+      name: ``"auto"``, ``"one_device"``, ``"mirrored"``, ``"multi_worker_mirrored"``,
+        ``"parameter_server"`` or ``"central_storage"``. A ready ``tf.distribute.Strategy`` is
+        returned unchanged. Defaults to ``"auto"``.
+      cluster: This task's [`ClusterSpec`][tfdist.ClusterSpec]. Defaults to None: detected.
+      devices: The devices of one machine's replicas, such as ``["/cpu:0", "/cpu:1"]``. Defaults
+        to None: every GPU, else the CPU.
+      all_reduce: ``"auto"``, ``"ring"`` or ``"nccl"`` for multi_worker_mirrored; ``"auto"``,
+        ``"nccl"``, ``"hierarchical_copy"`` or ``"reduce_to_one"`` for mirrored.
+        Defaults to ``"auto"``.
+      bytes_per_pack: The gradient bytes per all-reduce pack. Defaults to 0: TensorFlow decides.
+      collective_timeout: The seconds after which a collective that does not finish fails. It
+        guards against a peer that is alive but stuck. Defaults to None: no limit.
+      startup_timeout: The seconds to wait for every peer to come up before an error names the
+        missing tasks. Defaults to None: ``TFDIST_STARTUP_TIMEOUT``, else 60.
+
+    Returns:
+      The ``tf.distribute.Strategy``.
+
+    Raises:
+      StrategyError: The name is unknown, an option does not fit the strategy, or a one-machine
+        strategy is asked for in a cluster of several tasks.
+      PeerUnavailableError: A peer did not come up within ``startup_timeout``.
+
+    Examples:
+        ```python
+        import tfdist
+
+        strategy = tfdist.make_strategy("auto")
+        print(strategy.num_replicas_in_sync)   # 1 on a machine without GPUs
+        ```
     """
     import tensorflow as tf
 

@@ -34,7 +34,14 @@ DEFAULT_EXPERIMENT = "tfdist"
 
 
 def default_uri(directory: str) -> str:
-    """The MLflow file store in ``directory``: ``file:<directory>/mlruns``."""
+    """The MLflow file store in ``directory``: ``file:<directory>/mlruns``.
+
+    Args:
+      directory: the run's output directory, such as ``tfdist train --output-dir``.
+
+    Returns:
+      The tracking URI of the store, with ``directory`` made absolute.
+    """
     return "file:" + os.path.join(os.path.abspath(directory), "mlruns")
 
 

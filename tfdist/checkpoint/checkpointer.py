@@ -119,7 +119,7 @@ def refuse_a_checkpoint_prefix(directory: str, *, what: str = "checkpoint_dir") 
             f"{what} names a checkpoint, not a directory; received {what}={directory!r} "
             f"({storage.basename(directory)}.index is there). Fix: pass its directory "
             f"({storage.dirname(directory)}); to resume from this checkpoint rather than the latest, name it in the "
-            "state file `checkpoint` there (see docs/ckpt.md, 'Rolling back')."
+            "state file `checkpoint` there (see docs/ckpt.md, 'Roll back to an earlier checkpoint')."
         )
 
 

@@ -17,7 +17,7 @@ so every worker captures at the same step), and scattered back row by row after 
 Its variables are named after the replica count and restored on their own, after the rest of
 the state: a checkpoint of another replica count (or of one replica) simply does not hold
 them, and the aggregates are restored instead, which is all a different topology can use (see
-the README's "elastic" resume). Where a checkpoint holds one replica's value rather than the
+docs/resume.md, "On another number of replicas"). Where a checkpoint holds one replica's value rather than the
 aggregate (Keras 3's), ``aggregate_saved`` computes the aggregate from the saved per-replica values.
 """
 

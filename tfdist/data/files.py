@@ -112,24 +112,63 @@ def _positive_or_none(name: str, value) -> None:
 
 
 class TFRecordSource:
-    """Examples in TFRecord files, read in blocks by per-replica streams; see the module docstring.
+    """Examples in TFRecord files, read in blocks by one stream per replica.
+
+    Use it when the data does not fit in memory, or when several workers train: each worker then
+    reads only its share of the files. Each epoch's order is a pure function of the seed, the epoch
+    and the step, so a resume reads exactly the batches the uninterrupted run would have read.
 
     Args:
-      files: a glob (``"gs://bucket/train-*.tfrecord"``) or a list of paths and globs, on any
-        TensorFlow filesystem (``tf.io.gfile``; ``ram://`` works).
-      parse_fn: ``parse_fn(serialized) -> (x, y)`` or ``(x, y, sample_weight)``: ``serialized``
-        is a 1-D string tensor of records (one per-replica batch); return batched tensors
-        (``tf.io.parse_example``), each ``x``/``y`` one tensor or a dict of them.
-        It runs once per batch, on the records of that batch only.
-      streams: ``S``; default: the replica count of the run's first run (recorded, and
-        passed back on resume). Must divide the global batch.
-      block_bytes / block_records: the block size (``block_records`` wins).
-      window_blocks: ``K`` (default 8), blocks shuffled together (memory: ``K`` blocks per stream).
-      cache_dir: where to keep the record index when the data directory is read-only
-        (e.g. the checkpoint directory).
-      compression: ``"GZIP"`` / ``"ZLIB"`` for compressed files (blocks are then reached by
-        reading the file from its start: slower).
-      num_classes: the number of classes, for tools that build a model (``tfdist train``).
+      files: A glob such as ``"gs://bucket/train-*.tfrecord"``, or a list of paths and globs, on
+        any TensorFlow filesystem. The files are read in sorted order.
+      parse_fn: ``parse_fn(serialized) -> (x, y)`` or ``(x, y, sample_weight)``. ``serialized`` is
+        a 1-D string tensor holding one per-replica batch of records. Return batched tensors, for
+        example from ``tf.io.parse_example``. Each of ``x`` and ``y`` is a tensor or a dict of them.
+      streams: The number of streams the blocks are dealt to. It must divide the global batch.
+        Defaults to None: the replica count of the run's first start, recorded in the checkpoint.
+      block_bytes: The size of a block, in bytes. Defaults to 2 MiB.
+      block_records: The size of a block, in records. It wins over ``block_bytes``.
+        Defaults to None.
+      window_blocks: How many blocks each stream shuffles together. Memory is this many blocks per
+        stream. Defaults to None: 8.
+      cache_dir: Where to keep the record index when the data directory is read-only, such as
+        the checkpoint directory. Defaults to None: ``.tfdist-index.json`` beside the files.
+      compression: ``"GZIP"`` or ``"ZLIB"`` for compressed files. A block is then reached by
+        reading its file from the start. Defaults to None: uncompressed.
+      num_classes: The number of classes, for tools that build a model, such as ``tfdist train``.
+        Defaults to None.
+      name: The data's name in logs and in the checkpoint's data fingerprint. Defaults to None:
+        the glob, or the number of files.
+      record_counts: The number of records of each file, when known, such as from a TFDS data
+        set's metadata. The byte index then waits until the files are read. Defaults to None:
+        counted when the files are indexed.
+
+    Raises:
+      DataError: ``parse_fn`` is not callable, an option is invalid, no file matches, or a file is
+        cut short.
+
+    Examples:
+        ```python
+        import keras
+        import numpy as np
+        import tensorflow as tf
+        import tfdist
+
+        with tf.io.TFRecordWriter("train.tfrecord") as writer:   # 256 records of 4 floats and a label
+            for i in range(256):
+                features = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=np.full(4, i % 2, "float32"))),
+                            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+
+        def parse(serialized):
+            f = tf.io.parse_example(serialized, {"x": tf.io.FixedLenFeature([4], tf.float32),
+                                                 "y": tf.io.FixedLenFeature([], tf.int64)})
+            return f["x"], f["y"]
+
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        tfdist.fit(model, tfdist.TFRecordSource("*.tfrecord", parse), epochs=2, batch_size=32, seed=0)
+        ```
     """
 
     index_addressable = False

@@ -159,25 +159,51 @@ def _central_crop(image: "Any", target_height: int, target_width: int) -> "Any":
 
 
 class ImageFolderSource:
-    """The images of ``directory/<class>/...`` with their class as the label (see the module).
+    """The images of ``directory/<class>/...``, with their class as the label.
+
+    The listing, decoding and resizing are Keras' ``image_dataset_from_directory``'s, so the
+    pixels and labels are the same. Example ``i`` is the ``i``-th file of the listing. Each epoch
+    visits the files in a seeded permutation, so the shuffle is global and a resume is exact.
 
     Args:
-      directory: the folder, on any TensorFlow filesystem (a local path, ``gs://...``).
-      labels: as Keras: ``"inferred"`` (default: one subfolder per class); ``None``: every
-        image under ``directory`` at any depth, without labels (to predict: ``fit`` and
-        ``evaluate`` refuse it); or a list of class numbers, one per image under ``directory``
-        at any depth, in the order of their paths (sorted by folder, then name).
-      image_size: ``(height, width)`` every image is resized to (Keras' default, 256 x 256).
+      directory: The folder, on any TensorFlow filesystem: a local path or ``gs://...``.
+      labels: ``"inferred"``: one subfolder per class. None: every image under ``directory`` at
+        any depth, without labels, to predict. Or a list of class numbers, one per image in the
+        order of their paths. Defaults to ``"inferred"``.
+      image_size: ``(height, width)`` every image is resized to. Defaults to ``(256, 256)``.
       color_mode: ``"rgb"`` (3 channels), ``"grayscale"`` (1) or ``"rgba"`` (4).
+        Defaults to ``"rgb"``.
       label_mode: ``"int"`` (class numbers, int32), ``"categorical"`` (one-hot float32) or
-        ``"binary"`` (float32 0/1, shape ``(1,)``; two classes only).
-      class_names: the classes to read, in the order that numbers them (default: every
-        subfolder, sorted); with ``labels="inferred"`` only.
-      interpolation: the ``tf.image.resize`` method (default ``"bilinear"``, as Keras).
-      crop_to_aspect_ratio: as Keras, resize without distorting the aspect ratio: the largest
-        centred crop of each image with the aspect ratio of ``image_size`` is resized.
-      pad_to_aspect_ratio: as Keras, resize without distorting the aspect ratio: each image is
-        resized to fit and padded with black, centred (``tf.image.resize_with_pad``).
+        ``"binary"`` (float32 0 or 1, two classes only). Defaults to ``"int"``.
+      class_names: The classes to read, in the order that numbers them. Only with
+        ``labels="inferred"``. Defaults to None: every subfolder, sorted.
+      interpolation: The ``tf.image.resize`` method. Defaults to ``"bilinear"``.
+      crop_to_aspect_ratio: Resize the largest centred crop with the aspect ratio of
+        ``image_size``. Defaults to False.
+      pad_to_aspect_ratio: Resize each image to fit, and pad it with black. Defaults to False.
+
+    Raises:
+      DataError: The folder is missing or holds no class subfolders or images, or an option is
+        invalid.
+
+    Examples:
+        ```python
+        import keras
+        import tensorflow as tf
+        import tfdist
+
+        for label in ("cat", "dog"):   # 16 small PNG images in photos/cat and photos/dog
+            tf.io.gfile.makedirs(f"photos/{label}")
+            for i in range(8):
+                pixels = tf.fill([12, 12, 3], 40 if label == "cat" else 200)
+                tf.io.write_file(f"photos/{label}/{i}.png", tf.io.encode_png(tf.cast(pixels, tf.uint8)))
+
+        model = keras.Sequential([keras.Input((12, 12, 3)), keras.layers.Rescaling(1 / 255),
+                                  keras.layers.Flatten(), keras.layers.Dense(2)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        source = tfdist.ImageFolderSource("photos", image_size=(12, 12))
+        tfdist.fit(model, source, epochs=2, batch_size=8, seed=0)
+        ```
     """
 
     index_addressable = True

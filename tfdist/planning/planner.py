@@ -122,35 +122,52 @@ class ScalingPoint:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A training plan: its inputs, validated here, and every derived number as a property.
+    """A training plan: its inputs, validated, and every derived number as a property.
+
+    [`plan`][tfdist.plan] builds it. The derived numbers include ``replicas``,
+    ``global_batch_size``, ``steps_per_epoch``, ``total_steps``, ``memory``,
+    ``checkpoint_bytes``, ``checkpoint_interval_seconds`` (Young/Daly), ``step_seconds``,
+    ``train_seconds`` and ``estimated_seconds``. A number that needs an unknown input is None.
 
     Attributes:
-      samples, epochs: training examples per epoch and number of epochs.
-      micro_batch_size: examples per replica per forward/backward pass.
-      grad_accum_steps: micro batches whose gradients make one optimizer step.
-      nodes, gpus_per_node: the replicas are nodes x gpus_per_node.
-      params: trainable and non-trainable parameters of the model (None: unknown).
-      trainable_params: the trainable ones among them, which have gradients and optimizer
-        slots (None: all of them; counted when the model is given by name or path).
-      model: the model name or path the parameters came from, for the report.
-      optimizer_slots: float32 values the optimizer keeps per parameter (Adam: 2, SGD: 0).
-      precision: ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
-      activation_bytes: activation bytes per sample kept for the backward pass (None: unknown).
-      step_time: seconds one replica needs for a train step on one micro batch, without
-        all-reduce between replicas (None: unknown). A measured plan with
-        grad_accum_steps > 1 times the whole accumulated step and stores it divided by
-        grad_accum_steps, so the step's fixed cost is spread over its micro batches.
-      step_time_source: ``given`` or ``measured``.
-      keras: the Keras that counts and measures ``model``: ``"3"`` (Keras 3, ``import keras``,
-        the default) or ``"2"`` (tf_keras); choose the one the run will train with.
-      measured_peak_bytes, measured_peak_source: peak memory of the measurement, if any.
-      stall_window: seconds training may pause to write one checkpoint.
-      mtbf: mean seconds between failures that stop the whole job (for N nodes with a
-        per-node MTBF m, about m / N).
-      write_bandwidth: checkpoint storage bytes/s (None: assume the write takes the whole
-        stall window, i.e. exactly the required bandwidth).
-      link_bandwidth: bytes/s of the slowest link of the all-reduce ring.
-      restart_seconds: seconds from a failure until training runs again.
+      samples: Training examples per epoch.
+      micro_batch_size: Examples per replica per forward and backward pass.
+      epochs: The number of epochs. Defaults to 1.
+      grad_accum_steps: Micro batches whose gradients make one optimizer step. Defaults to 1.
+      nodes: The number of machines. Defaults to 1.
+      gpus_per_node: Replicas per machine. Defaults to 1.
+      params: The model's parameters, trainable or not. Defaults to None: unknown.
+      trainable_params: The trainable ones among ``params``. Defaults to None: all of them.
+      model: The model name or path the parameters came from, for the report. Defaults to None.
+      optimizer_slots: Float32 values the optimizer keeps per parameter: 2 for Adam, 0 for SGD.
+        Defaults to 2.
+      precision: ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``.
+        Defaults to ``"float32"``.
+      activation_bytes: Activation bytes per example kept for the backward pass.
+        Defaults to None: unknown.
+      step_time: Seconds of one replica's train step on one micro batch, without the
+        all-reduce. A measured step with accumulation is stored divided by ``grad_accum_steps``.
+        Defaults to None: unknown.
+      step_time_source: ``"given"`` or ``"measured"``. Defaults to None.
+      keras: The Keras that counted and measured ``model``: ``"3"`` or ``"2"``. Defaults to ``"3"``.
+      measured_peak_bytes: The peak memory of the measurement. Defaults to None.
+      measured_peak_source: Where ``measured_peak_bytes`` came from. Defaults to None.
+      stall_window: Seconds training may pause to write one checkpoint. Defaults to 30.
+      mtbf: Mean seconds between failures that stop the whole job. For N nodes with a per-node
+        MTBF m, it is about m / N. Defaults to one day.
+      write_bandwidth: The checkpoint storage's bytes per second. Defaults to None: the write takes
+        the whole stall window.
+      link_bandwidth: Bytes per second of the slowest link of the all-reduce ring.
+        Defaults to 10 GB/s.
+      restart_seconds: Seconds from a failure until training runs again. Defaults to 300.
+
+    Examples:
+        ```python
+        import tfdist
+
+        plan = tfdist.Plan(samples=60_000, micro_batch_size=64, epochs=10, nodes=2, gpus_per_node=2)
+        print(plan.global_batch_size, plan.steps_per_epoch, plan.total_steps)   # 256 234 2340
+        ```
     """
 
     samples: int
@@ -378,8 +395,17 @@ class Plan:
     def scaling(self, gpus: Sequence[int] | None = None) -> tuple[ScalingPoint, ...]:
         """Training time and efficiency on each GPU count, the micro batch and accumulation fixed.
 
-        The global batch grows with the GPUs (weak scaling); GPU counts whose global batch
-        exceeds the samples are left out. Default: powers of two up to max(64, replicas).
+        The global batch grows with the GPUs: weak scaling. GPU counts whose global batch
+        exceeds the samples are left out.
+
+        Args:
+          gpus: The GPU counts. Defaults to None: powers of two up to max(64, replicas).
+
+        Returns:
+          One ``ScalingPoint`` per GPU count, with its step time, training time and efficiency.
+
+        Raises:
+          PlanError: The plan has no step time or no parameter count.
         """
         if self.step_time is None or self.params is None:
             raise PlanError(
@@ -408,6 +434,7 @@ class Plan:
     # --- report -------------------------------------------------------------------------
     @property
     def warnings(self) -> tuple[str, ...]:
+        """Notes on the plan, such as samples dropped each epoch, one line each."""
         notes = []
         if self.dropped_samples_per_epoch:
             notes.append(
@@ -469,21 +496,74 @@ def plan(
     link_bandwidth: float | str = DEFAULT_LINK_BANDWIDTH,
     restart_seconds: float | str = DEFAULT_RESTART_SECONDS,
 ) -> Plan:
-    """Plans a data-parallel training run; see the module docstring for every formula.
+    """Plans a data-parallel training run before it starts.
 
-    Give the batch as ``micro_batch_size`` (with ``grad_accum_steps``, default 1), or as a
-    target ``global_batch_size`` -- with ``max_micro_batch_size`` the smallest number of
-    accumulation steps that fits is solved for. Give the model as ``params`` or ``model``
-    (a built-in name or a saved-model path, whose parameters, all and trainable, are counted
-    with TensorFlow); with ``params``, ``trainable_params`` says how many of them are trainable
-    (have gradients and optimizer slots; default all).
-    Give ``step_time`` (seconds of one replica's train step on one micro batch) or
-    ``measure=True`` for a short real run of ``model``. ``keras`` is the Keras that builds,
-    loads and measures ``model``: ``"3"`` (Keras 3, ``import keras``, the default: timed in
-    tfdist's own training loop, as ``tfdist.fit`` trains it) or ``"2"`` (tf_keras: timed with
-    tf_keras' ``model.fit``); pick the one the run will train with. Durations and bandwidths also
-    accept text such as ``"30s"``, ``"24h"``, ``"10GB/s"``; ``activation_bytes`` such as ``"2MB"``;
-    ``samples`` and ``params`` counts such as ``"1.2M"`` or ``"7B"``, as on the command line.
+    Give the batch as ``micro_batch_size``, with ``grad_accum_steps``. Or give a target
+    ``global_batch_size`` with ``max_micro_batch_size``: the fewest accumulation steps that fit
+    are solved for. Give the model as ``params`` or as ``model``. Give the step time as
+    ``step_time``, or measure it with ``measure=True``. Durations and bandwidths also take text
+    such as ``"30s"``, ``"24h"`` or ``"10GB/s"``, and counts such as ``"1.2M"``. The formulas are
+    in the [planning guide](../plan.md).
+
+    Args:
+      samples: Training examples per epoch, such as ``60000`` or ``"1.2M"``.
+      epochs: The number of epochs. Defaults to 1.
+      micro_batch_size: Examples per replica per forward and backward pass. Defaults to None:
+        solved from ``global_batch_size``.
+      nodes: The number of machines. Defaults to 1.
+      gpus_per_node: Replicas per machine. Defaults to 1.
+      grad_accum_steps: Micro batches whose gradients make one optimizer step. Defaults to None:
+        1, or solved from ``global_batch_size``.
+      global_batch_size: The examples of one optimizer step, over all replicas. Defaults to None.
+      max_micro_batch_size: The largest micro batch that fits a replica's memory, used to solve
+        for ``grad_accum_steps``. Defaults to None.
+      params: The model's parameters, all of them, such as ``"7B"``. Give this or ``model``.
+        Defaults to None.
+      trainable_params: How many of ``params`` are trainable, with gradients and optimizer slots.
+        Defaults to None: all of them.
+      model: A built-in model name (``"cnn"``, ``"resnet"``, ``"mlp"``, ``"linear"``, ``"wide"``)
+        or a saved model's path. Its parameters are counted with TensorFlow. Defaults to None.
+      input_shape: The input shape of a built-in ``model``, without the batch. Defaults to None:
+        the digits' ``(8, 8, 1)``.
+      num_classes: The classes of a built-in ``model``. Defaults to None: 10.
+      step_time: Seconds of one replica's train step on one micro batch, without the all-reduce.
+        Defaults to None: unknown, so no times are planned.
+      measure: Time the step with a short real run of ``model`` on this machine. Defaults to False.
+      measure_steps: The steps timed when measuring. Defaults to 20.
+      measure_warmup: The steps run before timing, when measuring. Defaults to 3.
+      strategy: The strategy of the measuring run. Defaults to ``"auto"``.
+      keras: The Keras that builds and measures ``model``: ``"3"`` (``import keras``, timed in
+        tfdist's own loop) or ``"2"`` (tf_keras, timed with its ``model.fit``). Defaults to ``"3"``.
+      optimizer_slots: Float32 values the optimizer keeps per parameter: 2 for Adam, 0 for SGD.
+        Defaults to 2.
+      precision: ``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``.
+        Defaults to ``"float32"``.
+      activation_bytes: Activation bytes per example kept for the backward pass, such as
+        ``"2MB"``. Defaults to None: unknown, so the memory is not planned.
+      stall_window: Seconds training may pause to write one checkpoint. Defaults to 30.
+      mtbf: Mean seconds between failures that stop the whole job. Defaults to one day.
+      write_bandwidth: The checkpoint storage's bytes per second. Defaults to None: the write
+        takes the whole stall window.
+      link_bandwidth: Bytes per second of the slowest link of the all-reduce ring.
+        Defaults to 10 GB/s.
+      restart_seconds: Seconds from a failure until training runs again. Defaults to 300.
+
+    Returns:
+      The [`Plan`][tfdist.Plan]: the inputs and every derived number, such as
+        ``steps_per_epoch``, ``train_seconds`` and ``checkpoint_interval_steps``.
+
+    Raises:
+      PlanError: A value is invalid, two arguments conflict, or the global batch does not divide
+        into replicas and micro batches.
+
+    Examples:
+        ```python
+        import tfdist
+
+        plan = tfdist.plan(samples="1.2M", epochs=90, global_batch_size=1024, max_micro_batch_size=128,
+                           nodes=2, gpus_per_node=4, params="25M", step_time=0.25)
+        print(plan.grad_accum_steps, plan.steps_per_epoch, round(plan.train_seconds / 3600, 1))   # 1 1171 ...
+        ```
     """
     samples = parse_count(samples, name="samples") if isinstance(samples, str) else samples
     params = parse_count(params, name="params") if isinstance(params, str) else params

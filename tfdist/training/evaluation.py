@@ -46,28 +46,48 @@ def evaluate(
     verbose: int | str = "auto",
     cluster: ClusterSpec | None = None,
 ) -> dict[str, float]:
-    """Evaluates a compiled Keras 3 or tf_keras ``model`` on ``data``; returns ``{name: value}``
-    (the loss and every metric, as Keras' ``evaluate(..., return_dict=True)``).
+    """Evaluates a compiled Keras 3 or tf_keras ``model`` on ``data``, every example once.
 
-    ``model`` is typically ``fit``'s ``history.model``: it runs under the strategy it was built
-    in (``model.distribute_strategy``), each replica on its own part of the data, so every
-    example counts once whatever the number of replicas. Call it on every task that trained, as
-    ``fit`` is: under multi_worker_mirrored each worker evaluates its part and all of them get
-    the same result. Under parameter servers the chief evaluates alone (the variables stay on
-    the ps tasks); the other tasks are still serving ``fit``.
+    ``model`` is typically ``fit``'s ``history.model``. It runs under the strategy it was built in,
+    each replica on its own part of the data. Call it on every task that trained, as ``fit`` is.
+    Under multi_worker_mirrored every worker gets the same result. Under parameter servers the
+    chief evaluates alone.
 
     Args:
-      data: any form ``fit`` takes (arrays, ``TFRecordSource``, ``ImageFolderSource``, a
-        ``PyDataset``, an unbatched ``tf.data.Dataset``). A string is read as ``tfdist evaluate
-        --data`` reads it (``data.load_to_evaluate``): a named data set (``"digits"``,
-        ``"tfds:NAME"``) gives its held-out split, the one ``fit`` validates on; a folder of
-        images gives every image, at the model's input size.
-      y: as Keras' ``evaluate(x, y)``: ``evaluate(model, x, y)`` is ``evaluate(model, (x, y))``.
-      batch_size: the global batch (default 32 per replica). per_replica_batch_size: one
-        replica's batch. Give one. A ``sample_weight`` in the data weighs each example.
-      callbacks: callbacks of the model's Keras; they get the ``on_test_*`` calls of ``evaluate``.
-      cluster: this task's ``ClusterSpec`` (default: detected, as ``fit`` does); only the chief
-        shows progress.
+      model: A compiled Keras 3 or tf_keras model, such as ``history.model``, or one loaded from
+        its file inside a strategy's scope.
+      data: Any form ``fit`` takes. A string is read as ``tfdist evaluate --data`` reads it: a
+        named data set gives its held-out split, and a folder gives every image at the model's
+        input size. A ``sample_weight`` in the data weighs each example.
+      y: The labels, as in Keras' ``evaluate(x, y)``. Defaults to None: the labels are in ``data``.
+      batch_size: The global batch. Give this or ``per_replica_batch_size``. Defaults to None:
+        32 per replica.
+      per_replica_batch_size: One replica's batch. Defaults to None.
+      callbacks: Callbacks of the model's Keras. They get the ``on_test_*`` calls of Keras'
+        ``evaluate``. Defaults to None.
+      verbose: 0 (silent), 1 (progress bar) or 2. Only the chief prints. Defaults to ``"auto"``.
+      cluster: This task's [`ClusterSpec`][tfdist.ClusterSpec]. Defaults to None: detected, as
+        ``fit`` does.
+
+    Returns:
+      ``{name: value}``: the loss and every metric, as Keras' ``evaluate(..., return_dict=True)``.
+        With the batch the run validated with, it equals the last epoch's ``val_`` numbers.
+
+    Raises:
+      DataError: The data has no labels, or cannot be read.
+      ModelError: The model is not compiled.
+      BatchSizeError: The batch does not divide into the replicas.
+
+    Examples:
+        ```python
+        import keras
+        import tfdist
+
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        history = tfdist.fit(model, "digits", epochs=2, batch_size=64, seed=0)
+        print(tfdist.evaluate(history.model, "digits"))   # {'accuracy': ..., 'loss': ...}
+        ```
     """
     if y is not None:
         data = data_mod.with_labels(data, y)
@@ -215,19 +235,43 @@ def predict(
     verbose: int | str = "auto",
     cluster: ClusterSpec | None = None,
 ) -> Any:
-    """The outputs of a Keras 3 or tf_keras ``model`` (compiled or not) for every example of ``x``, in
-    order, as NumPy arrays (one array per output, as Keras' ``predict``), on every task.
+    """Computes the outputs of a Keras 3 or tf_keras ``model`` for every example of ``x``, in order.
 
-    Like :func:`evaluate`, it runs under the strategy the model was built in, each replica on
-    its own part of the examples; the replicas' outputs are gathered in order. Call it on every
-    task that trained, as ``fit`` is (under multi_worker_mirrored, every worker gets all the
-    outputs); under parameter servers the chief predicts alone.
+    Like [`evaluate`][tfdist.evaluate], it runs under the strategy the model was built in, each
+    replica on its own part of the examples. The replicas' outputs are gathered in order. Call it
+    on every task that trained, as ``fit`` is. Under multi_worker_mirrored every worker gets all
+    the outputs. Under parameter servers the chief predicts alone.
 
     Args:
-      x: the inputs, as Keras' ``predict(x)`` takes them: an array, or a dict, list or tuple
-        of arrays (a model with several inputs); or a source or name ``evaluate`` takes
-        (``TFRecordSource``, ``ImageFolderSource``, ``"digits"``...; its labels are not used; a
-        folder's name reads every image under it, without class subfolders, as ``tfdist predict``).
+      model: A Keras 3 or tf_keras model, compiled or not, such as ``history.model``.
+      x: The inputs, as Keras' ``predict(x)`` takes them: an array, or a dict, list or tuple of
+        arrays. Or a source or name that ``evaluate`` takes, whose labels are not used. A folder's
+        name reads every image under it, with or without class subfolders.
+      batch_size: The global batch. Give this or ``per_replica_batch_size``. Defaults to None:
+        32 per replica.
+      per_replica_batch_size: One replica's batch. Defaults to None.
+      verbose: 0 (silent), 1 (progress bar) or 2. Only the chief prints. Defaults to ``"auto"``.
+      cluster: This task's [`ClusterSpec`][tfdist.ClusterSpec]. Defaults to None: detected, as
+        ``fit`` does.
+
+    Returns:
+      The outputs as NumPy arrays, one row per example: one array per output, as Keras'
+        ``predict`` returns them.
+
+    Raises:
+      DataError: The inputs cannot be read.
+      BatchSizeError: The batch does not divide into the replicas.
+
+    Examples:
+        ```python
+        import keras
+        import numpy as np
+        import tfdist
+
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        outputs = tfdist.predict(model, np.ones((10, 3), "float32"), batch_size=4)
+        print(outputs.shape)   # (10, 2)
+        ```
     """
     import numpy as np
     import tensorflow as tf

@@ -54,22 +54,31 @@ def _is_checkpoint(path: str) -> bool:
 
 
 def save_model(model, path: str, *, cluster=None) -> None:
-    """Writes a trained Keras model (Keras 3 or tf_keras) to ``path``, a ``.keras`` file on any
-    TensorFlow filesystem (``gs://bucket/model.keras``), atomically.
+    """Writes a trained Keras 3 or tf_keras model to one ``.keras`` file, atomically.
 
-    Call it on every task that trained, as ``fit`` was: under multi_worker_mirrored, reading the
-    model's variables may be a collective that all workers join (tf_keras' ``model.save`` on the
-    chief alone fails once the other workers have gone on). The chief's file goes to ``path``;
-    the other workers write a temporary file and remove it.
+    Call it on every task that trained, as ``fit`` is. Under multi_worker_mirrored, reading the
+    model's variables may be a collective that every worker joins. The chief writes the file. The
+    other tasks write a temporary file and remove it.
 
     Args:
-      model: the trained model (``history.model`` after ``fit``).
-      path: the file to write; its name ends in ``.keras``.
-      cluster: this task's ``ClusterSpec`` (default: detected, as ``fit`` does).
+      model: The trained model, such as ``history.model``.
+      path: The ``.keras`` file, on any TensorFlow filesystem, such as ``gs://bucket/model.keras``.
+      cluster: This task's [`ClusterSpec`][tfdist.ClusterSpec]. Defaults to None: detected, as
+        ``fit`` does.
 
     Raises:
-      ModelError: ``path`` does not end in ``.keras``.
-      StorageError: ``path`` is on a filesystem TensorFlow cannot write.
+      ModelError: The path does not end in ``.keras``.
+      StorageError: The path's filesystem is not one TensorFlow can open.
+
+    Examples:
+        ```python
+        import keras
+        import tfdist
+
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        tfdist.save_model(model, "models/model.keras")
+        print(keras.models.load_model("models/model.keras").output_shape)   # (None, 2)
+        ```
     """
     check_name(path, what="path")
     storage.check_supported(path, what="path")

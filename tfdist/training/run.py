@@ -83,48 +83,118 @@ def fit(
     collective_timeout: float | None = None,
     cluster: ClusterSpec | None = None,
 ):
-    """Trains ``model`` on ``data`` with the strategy the cluster calls for; returns Keras' History.
+    """Trains ``model`` on ``data`` under the strategy the cluster calls for.
 
     Every process of a cluster runs the same call. On the ``ps`` and ``worker`` tasks of a
-    parameter-server cluster it serves until the chief has finished the run, or until stopped (and
-    returns None). On an evaluator task it scores each new checkpoint of ``checkpoint_dir`` on
-    ``validation_data`` (``tfdist.run_evaluator``) and returns None. Everywhere else it trains.
+    parameter-server cluster it serves until the chief has finished the run, then returns None.
+    On an evaluator task it scores each new checkpoint of ``checkpoint_dir`` on ``validation_data``
+    and returns None: see [`run_evaluator`][tfdist.run_evaluator]. Everywhere else it trains. With a ``checkpoint_dir``, a run killed at any moment and started
+    again with the same call resumes at the exact step and batch.
 
     Args:
-      model: a function that builds and compiles a Keras 3 (``import keras``) or tf_keras
-        model (called inside the strategy's scope), or a compiled Sequential, functional or
-        subclassed model of either. Keras 3 models train in tfdist's own loop around their
-        ``train_step``; tf_keras models in tf_keras' ``fit``.
-      data: ``(x, y)`` NumPy arrays, a ``tfdist.TFRecordSource`` (TFRecord files, each
-        replica reading its own stream), a ``tfdist.ImageFolderSource`` (images in one folder
-        per class, as Keras' ``image_dataset_from_directory``), a Keras ``PyDataset``/``Sequence``
-        (whole batches in a seeded order; its batch size is the default global batch), an unbatched
-        ``tf.data.Dataset`` of ``(x, y)``, or a name: ``"digits"``, ``"tfds:NAME"``, or a
-        path to an ``.npz`` with ``x`` and ``y``.
-        As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or
-        outputs), and a third element ``sample_weight`` weighs each example.
-      y: as Keras' ``model.fit(x, y)``: ``fit(model, x, y)`` is ``fit(model, (x, y))``.
-      validation_data: data in any form ``data`` takes, evaluated after every
-        ``validation_freq``-th epoch (as in Keras). validation_split: as in Keras, the last
-        fraction of in-memory arrays (taken before shuffling) held out as validation data; of
-        an ``ImageFolderSource``, a fixed part of its files (by a hash of their paths).
-      class_weight: as in Keras, ``{class number: weight}`` weighs each training example by
-        its label's class (classes left out weigh 1; a ``sample_weight`` is multiplied).
-      batch_size: the global batch of one optimizer step. per_replica_batch_size: the micro
-        batch. Give one (or neither: 32 per replica, or a PyDataset's own batch size);
-        global = grad_accum_steps x replicas x micro batch.
-      callbacks: Keras callbacks of the model's Keras, run on every task that trains. Wrap one
-        that writes outside the model in ``tfdist.callbacks.chief_only``. One with ``state_dict()``
-        and ``load_state_dict(state)`` keeps its state in every checkpoint.
-      profile_steps: ``(first, last)`` global steps (from 1) to profile, or one step. The chief
-        writes a TensorBoard profile into the log directory of the ``TensorBoard`` in ``callbacks``.
-      checkpoint_dir: enables checkpoints (every ``save_every_steps`` steps / every
-        ``save_every_seconds`` seconds, at each epoch end and at the end) and, with
-        ``resume``, continues from the latest one at the exact step and batch. A local
-        path or a URL of any TensorFlow filesystem (``gs://bucket/run``).
+      model: A function that builds and compiles a Keras 3 or tf_keras model, called inside the
+        strategy's scope. Or a compiled Sequential, functional or subclassed model, which is rebuilt
+        in the scope with its weights and compile arguments. The model you passed ends with the
+        trained weights and optimizer state.
+      data: The training data: ``(x, y)`` or ``(x, y, sample_weight)`` NumPy arrays (or ``x`` alone,
+        for a model that needs no labels: Keras hands each batch to ``train_step`` as ``x``), a
+        [`TFRecordSource`][tfdist.TFRecordSource], an [`ImageFolderSource`][tfdist.ImageFolderSource],
+        a Keras ``PyDataset`` or ``Sequence``, or an unbatched ``tf.data.Dataset``. A string names
+        ``"digits"``, ``"tfds:NAME"`` (a prepared TFDS data set) or an ``.npz`` file with ``x`` and
+        ``y``. ``x`` and ``y`` may be dicts or lists of arrays.
+      y: The labels, as in Keras' ``model.fit(x, y)``. ``fit(model, x, y)`` is
+        ``fit(model, (x, y))``. Defaults to None: the labels are in ``data``.
+      epochs: The number of epochs of the whole run, resumed epochs included. Defaults to 1.
+      batch_size: The global batch of one optimizer step, over all replicas and accumulation steps.
+        Give this or ``per_replica_batch_size``. Defaults to None: 32 per replica, or a
+        ``PyDataset``'s own batch size.
+      per_replica_batch_size: The micro batch one replica computes at a time. The global batch is
+        ``grad_accum_steps`` x replicas x micro batch. Defaults to None.
+      steps_per_epoch: The optimizer steps of one epoch. Each epoch then reads on where the last
+        one stopped, as in Keras. Defaults to None: one pass over the data.
+      strategy: ``"auto"``, a strategy name (``"one_device"``, ``"mirrored"``,
+        ``"multi_worker_mirrored"``, ``"parameter_server"``, ``"central_storage"``) or a ready
+        ``tf.distribute.Strategy``. Defaults to ``"auto"``, which picks from the cluster.
+      validation_data: Validation data in any form ``data`` takes. Defaults to None.
+      validation_split: The fraction of in-memory arrays held out to validate, taken from their
+        end before shuffling. Of an ``ImageFolderSource``, a fixed part of its files. Defaults to 0.0.
+      validation_freq: Validate after every ``validation_freq``-th epoch. Defaults to 1.
+      callbacks: Callbacks of the model's Keras, run on every task that trains. They get the calls
+        ``model.fit`` makes. Wrap one that writes outside the model in ``tfdist.callbacks.chief_only``.
+        One with ``state_dict()`` and ``load_state_dict(state)`` keeps its state in every checkpoint.
+        Defaults to None.
+      profile_steps: ``(first, last)`` global steps (from 1) to profile, or one step. The chief writes
+        a TensorBoard profile into the log directory of the ``TensorBoard`` in ``callbacks``.
+        Defaults to None: no profile.
+      seed: The seed of the data order, the weights' initialisation and the random layers.
+        Defaults to None: the resumed run's seed, else a fresh one, which is logged.
+      deterministic: Switch on TensorFlow's op determinism, so that a resumed run ends
+        bit-identical to one never interrupted. Defaults to False.
+      verbose: Keras' progress output: 0 (silent), 1 (progress bar) or 2 (a line per epoch).
+        Only the chief prints. Defaults to ``"auto"``: 1 on a terminal, else 2.
+      shuffle: Visit the examples in a new seeded order each epoch. Defaults to True.
+      class_weight: ``{class number: weight}``, as in Keras. Each training example is weighed by
+        its label's class, and classes left out weigh 1. Defaults to None.
+      grad_accum_steps: The micro batches each replica computes before one optimizer step.
+        Defaults to 1.
+      mixed_precision: ``"mixed_float16"`` (with loss scaling) or ``"mixed_bfloat16"``.
+        Defaults to None: float32.
+      checkpoint_dir: The directory of the checkpoints: a local path or a URL of any TensorFlow
+        filesystem, such as ``gs://bucket/run``. Every worker must read it. Defaults to None:
+        no checkpoints.
+      save_every_steps: Also save every N global steps. Defaults to None: at epoch ends only.
+      save_every_seconds: Also save when this many seconds have passed since the last save.
+        Defaults to None.
+      keep: How many recent checkpoints to keep. Defaults to 3.
+      keep_every_hours: Also keep one checkpoint every this many hours. Defaults to None.
+      async_save: Write checkpoints in the background. Training waits only while the variables
+        are copied. Defaults to True.
+      resume: Continue from the latest checkpoint in ``checkpoint_dir``. Defaults to True.
+      allow_changes: Resume a checkpoint whose batch size, model, data, seed, class weights or
+        precision differ. Defaults to False: such a checkpoint is refused.
+      devices: The devices of the replicas of one machine, such as ``["/cpu:0", "/cpu:1"]``.
+        Defaults to None: every GPU, else the CPU.
+      all_reduce: The all-reduce: ``"auto"``, ``"nccl"``, ``"ring"`` (several machines),
+        ``"hierarchical_copy"`` or ``"reduce_to_one"`` (one machine). Defaults to ``"auto"``,
+        which is logged.
+      bytes_per_pack: The gradient bytes per all-reduce pack. Defaults to 0: TensorFlow decides.
+      collective_timeout: The seconds after which a collective that does not finish fails.
+        Defaults to None: no limit.
+      cluster: This task's [`ClusterSpec`][tfdist.ClusterSpec]. Defaults to None: detected by
+        [`detect_cluster`][tfdist.detect_cluster].
 
-    On SIGTERM or SIGUSR1 the state is saved at the current step and the process exits
-    with code 75 (``tfdist.env.EXIT_PREEMPTED``); running the same call again resumes.
+    Returns:
+      The History of the model's Keras. Its ``history`` holds every epoch of the run, the ones
+        before a resume too, and ``history.tfdist`` a summary of the run. None on the ``ps`` and
+        ``worker`` tasks of a parameter-server cluster.
+
+    Raises:
+      BatchSizeError: The global batch does not divide into replicas, accumulation steps and
+        micro batches.
+      ModelError: The model is not compiled, or cannot train under the strategy.
+      DataError: The data cannot be read, or a record or image is damaged.
+      CheckpointMismatchError: The checkpoint directory holds another run, and
+        ``allow_changes`` is False.
+      CheckpointError: A checkpoint cannot be written or read.
+      StrategyError: The strategy or its options do not fit the cluster.
+      PeerUnavailableError: A peer of the cluster was lost or never came up.
+      SystemExit: With code 75 after SIGTERM or SIGUSR1, once the current step is saved.
+      KeyboardInterrupt: After Ctrl-C, once the current step is saved. Its ``step`` attribute
+        holds the step.
+
+    Examples:
+        ```python
+        import keras
+        import tfdist
+
+        def build():
+            model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+            model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+            return model
+
+        history = tfdist.fit(build, "digits", epochs=2, batch_size=64, seed=0, checkpoint_dir="runs/example")
+        print(history.history["val_accuracy"])
+        ```
     """
     wall_start = time.monotonic()
     if y is not None:

@@ -51,7 +51,11 @@ _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 _UNBATCHING = frozenset({"UnbatchDataset", "ExperimentalUnbatchDataset"})
 # Ops whose state lives in Python, out of reach of an iterator checkpoint.
 _HIDDEN_STATE = {"EagerPyFunc": "tf.py_function", "PyFunc": "tf.numpy_function", "PyFuncStateless": "tf.numpy_function",
-                 "GeneratorDataset": "Dataset.from_generator"}
+                 "GeneratorDataset": "Dataset.from_generator",
+                 # Stateful random ops restart their sequence in a new process (tf.random.stateless_* do not).
+                 **{op: "stateful random ops (tf.random.uniform...)" for op in (
+                     "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal", "RandomShuffle",
+                     "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "ParameterizedTruncatedNormal")}}
 FIX_HIDDEN = ("Fix: use TensorFlow ops in the pipeline (tf.data readers, Dataset.map with tf ops, stateless random "
                "ops), or write the data as TFRecord files")
 
@@ -91,7 +95,10 @@ def hidden_state(dataset: "tf.data.Dataset") -> str | None:
     graph = _graph(dataset)
     ops = [node.op for node in graph.node]
     ops += [node.op for function in graph.library.function for node in function.node_def]
-    found = sorted({_HIDDEN_STATE[op] for op in ops if op in _HIDDEN_STATE})
+    found = {_HIDDEN_STATE[op] for op in ops if op in _HIDDEN_STATE}
+    if "Dataset.from_generator" in found:  # which calls its generator through a tf.numpy_function
+        found.discard("tf.numpy_function")
+    found = sorted(found)
     return " and ".join(found) or None
 
 
@@ -171,12 +178,13 @@ class UserPipeline:
 
     def fingerprint(self) -> str:
         """The form and element structure (a hash of the data would be a pass over it)."""
-        text = f"{self.form}|{self._bound().unrepeated.element_spec!r}"
+        spec = self.dataset.element_spec if self.dataset is not None else self._bound().unrepeated.element_spec
+        text = f"{self.form}|{spec!r}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def hidden_state(self) -> str | None:
         """What in the pipeline keeps state TensorFlow cannot save, or None."""
-        return hidden_state(self._bound().unrepeated)
+        return self._bound().hidden
 
 
 def _takes_one_argument(fn: Any) -> bool:
@@ -266,9 +274,11 @@ def part_of(element: Any, part: int, parts: int) -> Any:
 
 def _slice_of(dataset: "tf.data.Dataset", part: int, parts: int) -> "tf.data.Dataset":
     """``dataset`` keeping the ``part``-th of ``parts`` slices of every batch, its element structure unchanged."""
+    import tensorflow as tf
+
     if isinstance(dataset.element_spec, tuple):
-        return dataset.map(lambda *element: part_of(element, part, parts))
-    return dataset.map(lambda element: part_of(element, part, parts))
+        return dataset.map(tf.autograph.experimental.do_not_convert(lambda *element: part_of(element, part, parts)))
+    return dataset.map(tf.autograph.experimental.do_not_convert(lambda element: part_of(element, part, parts)))
 
 
 class WorkerPipeline:
@@ -289,7 +299,6 @@ class WorkerPipeline:
     """
 
     def __init__(self, source: UserPipeline, strategy):
-        import numpy as np
         import tensorflow as tf
 
         self.source = source
@@ -299,20 +308,34 @@ class WorkerPipeline:
         self.local_replicas = max(1, context.num_replicas_in_sync // max(1, self.workers))
         if source.form == FUNCTION:
             self.mode, self.per_step = FN, self.local_replicas
-            dataset = source.call(context)
-        else:
-            self.mode, self.per_step = SLICE, 1
-            dataset = _slice_of(source.dataset, self.worker, self.workers)
-            if self.workers > 1:
-                self.global_batch = _batch_size(_first_element(source.dataset, source.name))
-                by_file = _autoshard_files(source.dataset, self.workers, self.worker).rebatch(
-                    self.global_batch // self.workers)
-                if _readable(by_file):
-                    self.mode, dataset = FILE, by_file
-                else:
-                    log.info("the pipeline does not read at least %d files, so every worker reads all of it and keeps "
-                             "its slice of every batch (input work does not shrink with workers). Fix: read the data "
-                             "from %d or more files (TFRecordDataset(files))", self.workers, self.workers)
+            self._start(source.call(context))
+            self.global_batch = _batch_size(self.first) * context.num_replicas_in_sync
+            return
+        self.per_step = 1
+        if self.workers > 1:
+            try:  # by file: the worker's first batch holds the global batch of its own files
+                self.global_batch = _static_batch(source.dataset) or _batch_size(
+                    _first_element(_autoshard_files(source.dataset, self.workers, self.worker), source.name))
+                self.mode = FILE
+                self._start(_autoshard_files(source.dataset, self.workers, self.worker).rebatch(
+                    self.global_batch // self.workers))
+                return
+            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+                log.info("the pipeline does not read at least %d files, so every worker reads all of it and keeps its "
+                         "slice of every batch (input work does not shrink with workers). Fix: read the data from %d "
+                         "or more files (TFRecordDataset(files))", self.workers, self.workers)
+        self.mode = SLICE
+        self._start(_slice_of(source.dataset, self.worker, self.workers))
+        if self.workers == 1:
+            self.global_batch = _batch_size(self.first)
+        elif not getattr(self, "global_batch", None):
+            self.global_batch = _static_batch(source.dataset) or _batch_size(_first_element(source.dataset, source.name))
+
+    def _start(self, dataset: "tf.data.Dataset") -> None:
+        """Makes the worker's endless dataset and its iterator, reads the first element and puts it back."""
+        import numpy as np
+        import tensorflow as tf
+
         self.finite = int(dataset.cardinality()) != int(tf.data.INFINITE_CARDINALITY)
         self._length: int | None = None  # elements in one pass, once known
         if self.finite and self.per_step > 1:  # each pass ends on a whole step, so that epochs stay aligned
@@ -322,19 +345,18 @@ class WorkerPipeline:
                 log.info("%d per-replica batch(es) of every pass do not fill a step of %d replicas and are left out",
                          count - self._length, self.per_step)
                 dataset = dataset.take(self._length)
-        self.unrepeated = dataset
+        options = tf.data.Options()  # state outside the pipeline (a variable, a random op) is named by hidden_state
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        self.unrepeated = dataset = dataset.with_options(options)
         self.dataset = dataset.repeat() if self.finite else dataset
         self.iterator = iter(self.dataset)
-        self.initial = _position(self.iterator)
+        self.hidden = hidden_state(dataset)
+        self.initial = _position(self.iterator) if self.hidden is None else None
         try:
             self.first = _as_tuple(tf.nest.map_structure(np.asarray, next(self.iterator)))
         except StopIteration:
-            raise DataError(f"the pipeline is empty; received {source.name} yielding no batch on worker {self.worker}. "
-                            "Fix: check its files and filters.") from None
-        if self.source.form == FUNCTION:
-            self.global_batch = _batch_size(self.first) * context.num_replicas_in_sync
-        elif self.workers == 1:
-            self.global_batch = _batch_size(self.first)
+            raise DataError(f"the pipeline is empty; received {self.source.name} yielding no batch on worker "
+                            f"{self.worker}. Fix: check its files and filters.") from None
         self.rewind()
 
     def rewind(self) -> None:
@@ -380,7 +402,9 @@ def _position(iterator) -> str | None:
     import tensorflow as tf
 
     try:
-        return tf.train.Checkpoint(it=iterator).write(f"ram://tfdist-input/{uuid.uuid4().hex}/start")
+        path = tf.train.Checkpoint(it=iterator).write(f"ram://tfdist-input/{uuid.uuid4().hex}/start")
+        tf.train.Checkpoint(it=iterator).read(path).assert_consumed()  # some ops fail only when read back
+        return path
     except (tf.errors.UnimplementedError, tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError):
         return None
 
@@ -394,24 +418,19 @@ def _first_element(dataset: "tf.data.Dataset", name: str) -> tuple:
     raise DataError(f"the pipeline is empty; received {name} yielding no batch. Fix: check its files and filters.")
 
 
+def _static_batch(dataset: "tf.data.Dataset") -> int | None:
+    """The batch size a dataset's element spec fixes (``drop_remainder=True``), or None."""
+    import tensorflow as tf
+
+    sizes = {spec.shape[0] if spec.shape.rank else None for spec in tf.nest.flatten(dataset.element_spec)}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
 def _batch_size(element: tuple) -> int:
     import numpy as np
     import tensorflow as tf
 
     return int(np.shape(tf.nest.flatten(element)[0])[0])
-
-
-def _readable(dataset: "tf.data.Dataset") -> bool:
-    """Whether the FILE auto-shard applies (the dataset reads files, at least one per worker): its first element reads."""
-    import tensorflow as tf
-
-    try:
-        next(iter(dataset.take(1)))
-    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
-        return False
-    except StopIteration:
-        return True
-    return True
 
 
 def agreed_min(strategy, value: int) -> int:

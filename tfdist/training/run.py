@@ -305,6 +305,13 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     else:
         source, default_validation = data_mod.as_source(data), None
     data_mod.check_labelled(source, use="training")
+    if isinstance(source, data_mod.UserPipeline):  # its batches are the global batches
+        _check_user_pipeline(source, strat, traits, class_weight)
+        batch_size, per_replica_batch_size = data_mod.user_pipeline.check_sizes(
+            source, num_replicas=strat.num_replicas_in_sync, batch_size=batch_size,
+            per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps), None
+        if steps_per_epoch is None and recorded is not None:  # its epoch as counted before: no pass to count it again
+            steps_per_epoch = recorded.run_value("steps_per_epoch")
     if validation_split:
         source, default_validation = _split_off_validation(source, validation_split, data=data,
                                                            validation_data=validation_data)
@@ -312,11 +319,6 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     class_weight = data_mod.ClassWeights.of(class_weight)
     if class_weight is not None:
         class_weight.check_labels(source.sample(1), source_name=getattr(source, "name", "the data"))
-    if isinstance(source, data_mod.UserPipeline):  # its batches are the global batches
-        _check_user_pipeline(source, strat, traits, class_weight)
-        batch_size, per_replica_batch_size = data_mod.user_pipeline.check_sizes(
-            source, num_replicas=strat.num_replicas_in_sync, batch_size=batch_size,
-            per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps), None
     if batch_size is None and per_replica_batch_size is None and isinstance(source, data_mod.PyDatasetSource):
         _checks.check_int("grad_accum_steps", grad_accum_steps, error=BatchSizeError)
         batch_size = _batch_of(source, strat.num_replicas_in_sync * grad_accum_steps)

@@ -22,8 +22,8 @@ Y = (X.sum(1) > 2).astype(np.int32)
 W = _RNG.rand(100).astype(np.float32)
 
 
-def _model(labels: bool = True):
-    import keras
+def _model(labels: bool = True, keras_name: str = "keras"):
+    keras = __import__(keras_name)
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
     if not labels:  # (x,) batches: the loss is the model's own (add_loss)
@@ -101,15 +101,16 @@ def test_refusals_name_the_input_and_the_fix():
         tfdist.fit(_model, _batched(X, Y), class_weight={0: 1.0, 1: 2.0}, seed=1, verbose=0, strategy="one_device")
 
 
-def _records(directory) -> list[str]:
+def write_records(directory, *, files: int = 4, per_file: int = 64, seed: int = 1) -> list[str]:
+    """``files`` TFRecord files of ``per_file`` examples (``x``: 4 floats, ``y``: a class of 2); their paths."""
     import tensorflow as tf
 
-    rng = np.random.RandomState(1)
+    rng = np.random.RandomState(seed)
     paths = []
-    for f in range(4):
-        paths.append(os.path.join(directory, f"part-{f}.tfrecord"))
+    for f in range(files):
+        paths.append(os.path.join(str(directory), f"part-{f}.tfrecord"))
         with tf.io.TFRecordWriter(paths[-1]) as writer:
-            for _ in range(64):
+            for _ in range(per_file):
                 x = rng.rand(4).astype(np.float32)
                 features = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
                             "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x.sum() > 2)]))}
@@ -135,7 +136,7 @@ def _tfrecord_pipeline(paths, counter):
 def test_a_crashed_run_resumes_at_the_exact_batch_without_reading_the_steps_before_it(tmp_path):
     import tensorflow as tf
 
-    paths, counter = _records(str(tmp_path)), tf.Variable(0, dtype=tf.int64)
+    paths, counter = write_records(tmp_path), tf.Variable(0, dtype=tf.int64)
     options = dict(epochs=3, seed=1, verbose=0, strategy="one_device", deterministic=True)
     reference = tfdist.fit(_model, _tfrecord_pipeline(paths, counter), **options)
     assert reference.tfdist.global_step == 48
@@ -224,3 +225,25 @@ def test_under_mirrored_and_central_storage_both_forms_train_as_keras_fit_under_
             np.testing.assert_allclose(values, runs["keras"][key], rtol=1e-5)
         # One device reads the same global batches: the same training, up to rounding.
         np.testing.assert_allclose(runs["one_device"]["history"]["loss"], runs["keras"]["loss"], rtol=1e-5)
+
+
+def test_a_tf_keras_model_trains_on_a_user_pipeline_and_resumes_by_replaying_it(tmp_path, caplog):
+    import tf_keras
+
+    def build():
+        return _model(keras_name="tf_keras")
+
+    tf_keras.utils.set_random_seed(1)
+    expected = build().fit(_batched(X, Y), epochs=2, verbose=0).history
+    options = dict(epochs=2, seed=1, verbose=0, strategy="one_device")
+    reference = tfdist.fit(build, _batched(X, Y), **options)
+    assert reference.history == expected  # tf_keras' own fit, the same pipeline
+    directory = str(tmp_path / "ckpt")
+    with pytest.raises(Crash):
+        tfdist.fit(build, _batched(X, Y), checkpoint_dir=directory, save_every_steps=3,
+                   callbacks=[crash_after(5, "tf_keras")], **options)
+    with caplog.at_level(logging.WARNING, logger="tfdist"):
+        resumed = tfdist.fit(build, _batched(X, Y), checkpoint_dir=directory, save_every_steps=3, **options)
+    assert resumed.tfdist.start_step == 3 and same_weights(resumed.model, reference.model)
+    assert any("tf_keras' fit reads a user pipeline ahead of its steps" in r.getMessage() and "Fix:" in r.getMessage()
+               for r in caplog.records)

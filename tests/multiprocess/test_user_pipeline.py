@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conftest import assert_bit_identical, base_env, checkpoint_tensors
+from test_data_user_pipeline import write_records
 
 # argv: data dir, checkpoint dir ('-' for none), form (batched | fn), epochs.
 SCRIPT = '''
@@ -68,18 +69,8 @@ CLUSTER = ["--workers", "2", "--max-restarts", "1"]
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     """4 TFRecord files of 128 examples (x: 4 floats, y: a class of 2)."""
-    import numpy as np
-    import tensorflow as tf
-
     directory = tmp_path_factory.mktemp("records")
-    rng = np.random.RandomState(0)
-    for f in range(4):
-        with tf.io.TFRecordWriter(str(directory / f"part-{f}.tfrecord")) as writer:
-            for _ in range(128):
-                x = rng.rand(4).astype(np.float32)
-                features = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
-                            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x.sum() > 2)]))}
-                writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
+    write_records(directory, per_file=128, seed=0)
     return directory
 
 

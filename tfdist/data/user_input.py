@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
 from tfdist import storage
 from tfdist.checkpoint import layout
@@ -148,4 +147,31 @@ class WorkerInput:
         return sum(storage.size(p) for p in layout.checkpoint_files(layout.input_state_prefix(self.state_dir, step)))
 
 
-__all__ = ["WorkerInput"]
+def replaying_input(pipeline: WorkerPipeline, strategy, *, start_step: int):
+    """The worker's pipeline as a distributed dataset for a ``fit`` that reads datasets only (tf_keras').
+
+    Such a ``fit`` reads ahead of its steps, so no position is saved: a resume skips the steps
+    before it, reading them again, and a warning says so. Each local replica gets its part of
+    every worker batch, as ``WorkerInput`` gives it."""
+    import tensorflow as tf
+
+    log.warning("tf_keras' fit reads a user pipeline ahead of its steps, so its position is not saved: a resumed run "
+                "skips the steps before its position, reading them again (time grows with the position). Fix: build "
+                "the model with Keras 3 (import keras) for an exact resume in constant time")
+    local = pipeline.local_replicas
+
+    def make(context=None):
+        dataset = pipeline.dataset.skip(start_step * pipeline.per_step)
+        if pipeline.per_step == 1 and local > 1:  # one element a replica, each its part of the worker batch
+            parts = tf.autograph.experimental.do_not_convert(
+                lambda *element: tf.data.Dataset.range(local).map(
+                    lambda i: part_of(element if len(element) > 1 else element[0], i, local)))
+            dataset = dataset.flat_map(parts)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return dataset.with_options(options)
+
+    return strategy.distribute_datasets_from_function(make)
+
+
+__all__ = ["WorkerInput", "replaying_input"]

@@ -528,7 +528,9 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
     that every worker runs, handed over the way the model's Keras wants them. A user's own
     pipeline: this worker's iterator, its position saved with every checkpoint."""
     plan, sizes = shape.plan, shape.sizes
-    if isinstance(shape.source, data_mod.UserPipeline):
+    if isinstance(shape.source, data_mod.UserPipeline) and adapter.name == "tf_keras":  # its fit reads datasets only
+        train = data_mod.user_input.replaying_input(plan.layout, strat, start_step=start_step)
+    elif isinstance(shape.source, data_mod.UserPipeline):
         options = checkpointer.options if checkpointer is not None else None
         train = data_mod.WorkerInput(plan.layout, strat, directory=options.directory if options else None,
                                      start_step=start_step, keep=options.keep if options else 1)

@@ -69,8 +69,11 @@ def test_a_repeated_pipeline_needs_steps_per_epoch_and_its_batch_is_the_global_b
         tfdist.fit(_model, data, epochs=1, seed=1, verbose=0, strategy="one_device")
     with pytest.raises(BatchSizeError, match=r"batches hold 16 examples a step; received batch_size=32\. Fix"):
         tfdist.fit(_model, data, epochs=1, steps_per_epoch=3, batch_size=32, seed=1, verbose=0, strategy="one_device")
-    history = tfdist.fit(_model, data, epochs=2, steps_per_epoch=3, seed=1, verbose=0, strategy="one_device")
-    assert history.tfdist.global_step == 6 and len(history.history["loss"]) == 2
+    history = tfdist.fit(_model, data, epochs=2, steps_per_epoch=3, seed=1, verbose=0, strategy="one_device",
+                         validation_data=_batched(X[:40], Y[:40]))
+    assert history.tfdist.global_step == 6 and len(history.history["val_loss"]) == 2
+    logs = tfdist.evaluate(history.model, _batched(X[:40], Y[:40]), verbose=0)
+    assert logs["loss"] == pytest.approx(history.history["val_loss"][-1], rel=1e-5)
 
 
 def test_what_is_batched_is_read_from_the_pipeline_graph():

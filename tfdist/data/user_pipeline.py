@@ -143,6 +143,7 @@ class UserPipeline:
         self.name = "tf.data.Dataset (batched)" if dataset is not None else f"dataset_fn {_name_of(dataset_fn)}"
         self.num_examples = None
         self.worker: WorkerPipeline | None = None
+        self._sample: tuple | None = None
 
     def bind(self, strategy) -> "WorkerPipeline":
         """This worker's pipeline under ``strategy`` (made once)."""
@@ -164,10 +165,18 @@ class UserPipeline:
         return self.worker
 
     def sample(self, count: int) -> tuple:
-        """The first ``count`` examples of this worker's first batch (fewer if it is smaller)."""
+        """The first ``count`` examples of this worker's first batch (fewer if it is smaller); read on its own
+        when the pipeline is not bound to a strategy (data to evaluate)."""
         import tensorflow as tf
 
-        return tf.nest.map_structure(lambda a: a[:count], self._bound().first)
+        if self.worker is not None:
+            first = self.worker.first
+        else:
+            if self._sample is None:
+                dataset = self.dataset if self.dataset is not None else self.call(tf.distribute.InputContext())
+                self._sample = _first_element(dataset, self.name)
+            first = self._sample
+        return tf.nest.map_structure(lambda a: a[:count], first)
 
     @property
     def example_shape(self) -> Any:

@@ -1,4 +1,4 @@
-"""A user's own tf.data pipeline: a batched dataset, or a ``dataset_fn(input_context)``, read per worker and resumed exactly.
+"""A user's own tf.data pipeline (a batched dataset or a ``dataset_fn``): read per worker, resumed exactly.
 
 Two forms, as Keras and ``tf.distribute`` take them:
 
@@ -17,8 +17,8 @@ Each worker iterates its pipeline with a plain ``tf.data`` iterator, endlessly r
 Its state (the position, shuffle buffers included) is written beside every checkpoint, by
 every worker, before the checkpoint itself. A resume restores it: no element is read again,
 whatever the step. A pipeline whose state TensorFlow cannot save (``tf.py_function``,
-``Dataset.from_generator``) trains with a warning; its resume skips the batches before the
-position, reading them again.
+``Dataset.from_generator``, stateful random ops) trains with a warning; its resume skips the
+batches before the position, reading them again.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ log = logging.getLogger("tfdist")
 
 BATCHED, FUNCTION = "batched", "dataset_fn"
 FILE, SLICE, FN = "file", "slice", "fn"
-"""How a worker's pipeline is made: its files (``file``), its slice of every batch (``slice``), the user's function (``fn``)."""
+"""How a worker's pipeline is made: its files, its slice of every batch, or the user's function."""
 
 # Dataset ops that batch their input, and the one that undoes it.
 _BATCHING = frozenset({

@@ -94,7 +94,9 @@ def fit(
       data: ``(x, y)`` NumPy arrays, a ``tfdist.TFRecordSource`` (TFRecord files, each
         replica reading its own stream), a ``tfdist.ImageFolderSource`` (images in one folder
         per class, as Keras' ``image_dataset_from_directory``), a Keras ``PyDataset``/``Sequence``
-        (whole batches in a seeded order; its batch size is the default global batch), an unbatched
+        (whole batches in a seeded order; its batch size is the default global batch), your own
+        ``tf.data`` pipeline (a batched ``tf.data.Dataset`` of global batches, or a
+        ``dataset_fn(input_context)`` of per-replica batches: see docs/data.md), an unbatched
         ``tf.data.Dataset`` of ``(x, y)``, or a name: ``"digits"``, ``"tfds:NAME"``, or a
         path to an ``.npz`` with ``x`` and ``y``.
         As in Keras, ``x`` and ``y`` may be dicts or lists of arrays (several inputs or

@@ -247,3 +247,39 @@ def test_a_tf_keras_model_trains_on_a_user_pipeline_and_resumes_by_replaying_it(
     assert resumed.tfdist.start_step == 3 and same_weights(resumed.model, reference.model)
     assert any("tf_keras' fit reads a user pipeline ahead of its steps" in r.getMessage() and "Fix:" in r.getMessage()
                for r in caplog.records)
+
+
+class _Workers:
+    """A stand-in strategy of ``workers`` workers with one replica each, seen from worker ``worker``."""
+
+    def __init__(self, workers: int, worker: int):
+        self.num_replicas_in_sync, self._context = workers, (workers, worker)
+
+    def distribute_datasets_from_function(self, dataset_fn):
+        import tensorflow as tf
+
+        workers, worker = self._context
+        return dataset_fn(tf.distribute.InputContext(workers, worker, workers))
+
+
+def test_a_new_worker_count_keeps_the_examples_of_every_global_step_where_each_worker_reads_all(tmp_path, caplog):
+    # No files: every worker reads the whole pipeline and keeps its slice of every global batch (slice mode).
+    directory = str(tmp_path)
+    one = tfdata.UserPipeline(_batched(X, Y)).bind(_Workers(1, 0))
+    whole = [next(one.iterator) for _ in range(6)]  # the global batches of steps 0-5 on one worker
+    halves = []
+    for worker in (0, 1):
+        pipeline = tfdata.UserPipeline(_batched(X, Y)).bind(_Workers(2, worker))
+        assert pipeline.mode == "slice"
+        reader = tfdata.WorkerInput(pipeline, None, directory=directory, start_step=0)
+        halves.append([pipeline.slice_of(next(reader.iterator)) for _ in range(4)])
+        reader.save(4)
+    for step in range(4):  # two workers together train on the global batch of one
+        np.testing.assert_array_equal(np.concatenate([halves[0][step][0], halves[1][step][0]]), whole[step][0])
+    with caplog.at_level(logging.INFO, logger="tfdist"):
+        resumed = tfdata.WorkerInput(tfdata.UserPipeline(_batched(X, Y)).bind(_Workers(1, 0)), None,
+                                     directory=directory, start_step=4)
+    assert "slice-2w-0" in resumed.restored_from
+    assert any("read by 2 worker(s) at step 4, now by 1" in r.getMessage() for r in caplog.records)
+    for step in (4, 5):  # one worker now reads the global batches of steps 4 and 5, as it would have
+        np.testing.assert_array_equal(next(resumed.iterator)[0], whole[step][0])

@@ -4,7 +4,8 @@ Every worker writes its own position (``checkpoint.layout.input_state_dir``) at 
 every checkpoint, before the checkpoint: a checkpoint on disk has its positions. A resume
 restores the position of its step; no element is read again. Where none fits (the worker
 count changed under ``file`` or ``fn`` mode, or the pipeline's state cannot be saved), the
-resume skips the steps before it, reading them again, and a warning says so.
+resume skips the steps before it, reading them again, and a warning says so. A restored
+iterator runs the pipeline it was saved from (TensorFlow keeps the dataset's graph with it).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class WorkerInput:
     def __next__(self):
         local = self.pipeline.local_replicas
         if self.pipeline.per_step == 1:
-            batch = self.iterator.get_next()
+            batch = self.pipeline.slice_of(self.iterator.get_next())
             parts = [batch] if local == 1 else [part_of(batch, i, local) for i in range(local)]
         else:
             parts = [self.iterator.get_next() for _ in range(local)]
@@ -162,6 +163,9 @@ def replaying_input(pipeline: WorkerPipeline, strategy, *, start_step: int):
 
     def make(context=None):
         dataset = pipeline.dataset.skip(start_step * pipeline.per_step)
+        if pipeline.mode == SLICE and pipeline.workers > 1:
+            dataset = dataset.map(tf.autograph.experimental.do_not_convert(lambda *element: pipeline.slice_of(
+                element if len(element) > 1 else element[0])))
         if pipeline.per_step == 1 and local > 1:  # one element a replica, each its part of the worker batch
             parts = tf.autograph.experimental.do_not_convert(
                 lambda *element: tf.data.Dataset.range(local).map(

@@ -281,15 +281,6 @@ def part_of(element: Any, part: int, parts: int) -> Any:
     return tf.nest.map_structure(one, element)
 
 
-def _slice_of(dataset: "tf.data.Dataset", part: int, parts: int) -> "tf.data.Dataset":
-    """``dataset`` keeping the ``part``-th of ``parts`` slices of every batch, its element structure unchanged."""
-    import tensorflow as tf
-
-    if isinstance(dataset.element_spec, tuple):
-        return dataset.map(tf.autograph.experimental.do_not_convert(lambda *element: part_of(element, part, parts)))
-    return dataset.map(tf.autograph.experimental.do_not_convert(lambda element: part_of(element, part, parts)))
-
-
 class WorkerPipeline:
     """One worker's pipeline of a ``UserPipeline``: the dataset it reads, how it is split, what a step takes.
 
@@ -303,7 +294,7 @@ class WorkerPipeline:
       per_step: elements one step takes (1 worker batch, or one batch per local replica).
       local_replicas: the replicas of this worker, which share its elements.
       global_batch: examples of one step, all workers together.
-      first: the first element, as NumPy arrays in a tuple (``(x, y)``, or ``(x,)``).
+      first: the first element read (a global batch in ``slice`` mode), as NumPy arrays in a tuple.
       context: the worker's ``InputContext``; strategy: the run's strategy.
     """
 
@@ -333,12 +324,15 @@ class WorkerPipeline:
                 log.info("the pipeline does not read at least %d files, so every worker reads all of it and keeps its "
                          "slice of every batch (input work does not shrink with workers). Fix: read the data from %d "
                          "or more files (TFRecordDataset(files))", self.workers, self.workers)
+        # Every worker iterates the whole pipeline, so that any worker's position is every worker's (a new
+        # worker count restores it); ``slice_of`` takes the worker's part of each batch after the iterator.
         self.mode = SLICE
-        self._start(_slice_of(source.dataset, self.worker, self.workers))
-        if self.workers == 1:
-            self.global_batch = _batch_size(self.first)
-        elif not getattr(self, "global_batch", None):
-            self.global_batch = _static_batch(source.dataset) or _batch_size(_first_element(source.dataset, source.name))
+        self._start(source.dataset)
+        self.global_batch = _batch_size(self.first)
+
+    def slice_of(self, batch: Any) -> Any:
+        """This worker's part of a batch its iterator read (all of it, unless in ``slice`` mode with workers)."""
+        return part_of(batch, self.worker, self.workers) if self.mode == SLICE and self.workers > 1 else batch
 
     def _start(self, dataset: "tf.data.Dataset") -> None:
         """Makes the worker's endless dataset and its iterator, reads the first element and puts it back."""

@@ -72,8 +72,17 @@ def _graph(dataset: "tf.data.Dataset"):
 
 
 def is_batched(dataset: "tf.data.Dataset") -> bool:
-    """Whether the last batching op before the dataset's end is a batch, not an unbatch (read from its graph)."""
-    graph = _graph(dataset)
+    """Whether the last batching op before the dataset's end is a batch, not an unbatch (read from its graph).
+
+    A graph TensorFlow cannot serialize (a constant above 2 GiB) is judged by its element spec:
+    batched if every component's first dimension is unknown."""
+    import tensorflow as tf
+
+    try:
+        graph = _graph(dataset)
+    except (tf.errors.OpError, ValueError):
+        specs = tf.nest.flatten(dataset.element_spec)
+        return all(s.shape.rank and s.shape[0] is None for s in specs)
     nodes = {node.name: node for node in graph.node}
 
     def input_dataset(node):  # the first input that is a dataset (the `_Retval` names the end)
@@ -91,8 +100,14 @@ def is_batched(dataset: "tf.data.Dataset") -> bool:
 
 
 def hidden_state(dataset: "tf.data.Dataset") -> str | None:
-    """What in the pipeline keeps state TensorFlow cannot save (``tf.py_function``...), or None."""
-    graph = _graph(dataset)
+    """What in the pipeline keeps state TensorFlow cannot save (``tf.py_function``...), or None (also when its
+    graph cannot be serialized: the position's save then says what fails)."""
+    import tensorflow as tf
+
+    try:
+        graph = _graph(dataset)
+    except (tf.errors.OpError, ValueError):
+        return None
     ops = [node.op for node in graph.node]
     ops += [node.op for function in graph.library.function for node in function.node_def]
     found = {_HIDDEN_STATE[op] for op in ops if op in _HIDDEN_STATE}

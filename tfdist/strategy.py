@@ -431,9 +431,17 @@ def _multi_worker_mirrored(cluster: ClusterSpec, options: StrategyOptions):
             )
         wait_for_peers(cluster, options.startup_timeout)
         with startup_watchdog(cluster, options.startup_timeout):
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=_resolver(cluster), communication_options=communication
-            )
+            try:
+                strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                    cluster_resolver=_resolver(cluster), communication_options=communication
+                )
+            except RuntimeError as e:  # "Collective ops must be configured at program startup"
+                raise StrategyError(
+                    f"multi_worker_mirrored must start before TensorFlow runs any op; received a process that ran one "
+                    f"first ({e}), e.g. by building a tf.data.Dataset. Fix: call strategy = tfdist.make_strategy() "
+                    "first thing, then build the dataset and pass strategy=strategy to fit; or pass a "
+                    "dataset_fn(input_context), which fit calls after it."
+                ) from None
     strategy._tfdist_all_reduce = all_reduce  # read by all_reduce_of()
     return strategy
 

@@ -251,6 +251,9 @@ class Checkpointer:
         # A save a kill interrupted before the state file listed it, found as the run starts:
         # the one checkpoint this run may save over (``_quarantine_existing``).
         self._unconfirmed = self._unconfirmed_own_save() if is_chief else None
+        self.before_save: list = []
+        """Functions of the global step called by every worker before each save is started
+        (``data.user_input``: each worker's pipeline position, written beside the checkpoint)."""
 
     # --- writing -------------------------------------------------------------------------
     def _written(self, save_path: str) -> None:
@@ -312,6 +315,8 @@ class Checkpointer:
                                       callbacks=callbacks)
         if self.is_chief:
             self._quarantine_existing(global_step)
+        for write in self.before_save:
+            write(global_step)
         self._save_started, self.last_write_seconds, self.last_written_at = time.perf_counter(), None, None
         self._in_flight = global_step
         try:

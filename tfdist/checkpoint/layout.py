@@ -9,6 +9,8 @@ checkpointer, ``tfdist ckpt`` and the evaluator ask it. A checkpoint directory h
     ckpt-<step>.index                 the bundle index of the checkpoint of global step <step>
     ckpt-<step>.data-00000-of-00001   its tensors
     ckpt-<step>.tfdist.json           tfdist's metadata: the run (RunMetadata) and its progress
+    input/<mode>-<W>w-<w>/ckpt-<step>.*  worker <w>'s position in a user's own tf.data pipeline
+                                      (its iterator, written before the checkpoint of <step>)
 
 and, transiently or after trouble, ``ckpt-<step>_temp/`` (a save in flight),
 ``*.tmp-<id>`` (an atomic write in flight) and ``*.replaced-<stamp>`` (a checkpoint moved
@@ -68,6 +70,41 @@ def step_of(prefix: str) -> int | None:
     """The global step a checkpoint prefix names (``ckpt-12`` -> 12), or None."""
     match = _STEP.search(storage.basename(prefix))
     return int(match.group(1)) if match else None
+
+
+INPUT_STATE_DIR = "input"
+"""The per-worker positions of a user's own tf.data pipeline (``data.user_pipeline``), beside the checkpoints."""
+
+
+def input_state_dir(directory: str, *, mode: str, workers: int, worker: int) -> str:
+    """Where worker ``worker`` of ``workers`` keeps its pipeline's position (``DIR/input/file-2w-1``).
+
+    ``mode`` names how the pipeline is split among workers: a position saved under another
+    mode or worker count is another pipeline's."""
+    return storage.join(directory, INPUT_STATE_DIR, f"{mode}-{workers}w-{worker}")
+
+
+def input_state_owner(state_dir: str) -> tuple[str, int, int] | None:
+    """``(mode, workers, worker)`` of a position folder (``file-2w-1`` -> ``("file", 2, 1)``), or None."""
+    match = re.fullmatch(r"(\w+)-(\d+)w-(\d+)", storage.basename(state_dir))
+    return (match.group(1), int(match.group(2)), int(match.group(3))) if match else None
+
+
+def input_state_prefix(state_dir: str, step: int) -> str:
+    """The prefix of the pipeline position saved with the checkpoint of ``step`` (``.../ckpt-<step>``)."""
+    return storage.join(state_dir, f"{CHECKPOINT_NAME}-{step}")
+
+
+def input_state_dirs(directory: str) -> list[str]:
+    """Every worker's position folder in ``directory`` (any mode and worker count), sorted."""
+    root = storage.join(directory, INPUT_STATE_DIR)
+    return [storage.join(root, name) for name in storage.listdir(root)] if storage.isdir(root) else []
+
+
+def input_state_steps(state_dir: str) -> list[int]:
+    """The steps whose position ``state_dir`` holds completely (its index file is written last), sorted."""
+    steps = [step_of(strip_file_suffix(p)) for p in storage.glob_names(state_dir, f"{CHECKPOINT_NAME}-*.index")]
+    return sorted(s for s in steps if s is not None)
 
 
 def checkpoint_dir_of(output_dir: str) -> str:

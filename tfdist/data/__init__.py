@@ -29,6 +29,11 @@ Sources (what ``fit`` accepts as ``data``):
 * ``ImageFolderSource`` -- image files in one folder per class (Keras' ``image_dataset_from_directory``
   listing and decoding): the arrays' exact global shuffle over the files, each batch read and
   decoded by TensorFlow ops in the pipeline, under every strategy, from any filesystem (``images``).
+* ``UserPipeline``   -- the user's own pipeline, as Keras and tf.distribute take it: a batched
+  ``tf.data.Dataset`` of global batches, or a ``dataset_fn(input_context)`` of per-replica batches.
+  Each worker builds its own pipeline (by file when it reads files: 1/W of the bytes), reads it
+  with a plain iterator, and saves its position beside every checkpoint (``user_pipeline``,
+  ``user_input``): a resume reads on from there, whatever the step.
 * ``StreamSource``   -- any ``tf.data.Dataset`` of unbatched ``(x, y)`` (or ``(x, y, sample_weight)``):
   the fallback. Every worker reads all of it, resuming replays the epoch up to the position,
   and an unknown length costs a counting pass (a warning says so, and names the file source
@@ -37,7 +42,7 @@ Sources (what ``fit`` accepts as ``data``):
 Modules: ``batching`` (BatchSizes; no TensorFlow), ``class_weights`` (Keras' ``class_weight``, applied
 in the pipeline), ``order`` (DataPlan, seeded keys and
 permutations), ``arrays``, ``indexed``, ``pydataset``, ``images``, ``files`` (layout, streams, windows), ``records`` (TFRecord index
-and offset reads), ``stream``, ``tfds``, ``features`` (JSON feature specs), ``pipeline`` (what
+and offset reads), ``stream``, ``user_pipeline`` and ``user_input`` (a user's own pipeline), ``tfds``, ``features`` (JSON feature specs), ``pipeline`` (what
 ``fit`` calls), ``loading`` (named data).
 
 What ``fit`` calls, in order: ``load``/``as_source`` -> ``BatchSizes.resolve`` ->
@@ -59,6 +64,8 @@ from tfdist.data.pydataset import PyDatasetSource
 from tfdist.data.pipeline import (dataset_fn, make_plan, read_failure, steps_per_epoch_for, validation_dataset,
                                   validation_input)
 from tfdist.data.stream import DEFAULT_SHUFFLE_BUFFER, StreamSource
+from tfdist.data.user_input import WorkerInput
+from tfdist.data.user_pipeline import UserPipeline, WorkerPipeline
 
 __all__ = [
     "ArraySource",
@@ -74,6 +81,9 @@ __all__ = [
     "PyDatasetSource",
     "StreamSource",
     "TFRecordSource",
+    "UserPipeline",
+    "WorkerInput",
+    "WorkerPipeline",
     "as_source",
     "check_labelled",
     "check_same_classes",

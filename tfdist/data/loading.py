@@ -12,6 +12,7 @@ from tfdist.data.images import ImageFolderSource
 from tfdist.data.indexed import IndexedSource
 from tfdist.data.pydataset import PyDatasetSource, is_pydataset
 from tfdist.data.stream import StreamSource
+from tfdist.data.user_pipeline import UserPipeline, is_batched
 from tfdist.errors import DataError
 
 DATA_FORMS = ("'digits', 'tfds:NAME', a path to an .npz file, a folder of images in class subfolders, or a "
@@ -249,12 +250,19 @@ def as_source(data: Any) -> Any:
     """Turns what the user passed as ``data`` into a source."""
     import tensorflow as tf
 
-    if isinstance(data, (ArraySource, ImageFolderSource, IndexedSource, PyDatasetSource, StreamSource, TFRecordSource)):
+    if isinstance(data, (ArraySource, ImageFolderSource, IndexedSource, PyDatasetSource, StreamSource, TFRecordSource,
+                         UserPipeline)):
         return data
     if isinstance(data, str):
         return load(data)[0]
     if isinstance(data, tf.data.Dataset):
-        return StreamSource(data)
+        return UserPipeline(data) if is_batched(data) else StreamSource(data)
+    if isinstance(data, tf.distribute.DistributedDataset):
+        raise DataError("tfdist distributes the data itself; received a tf.distribute.DistributedDataset. Fix: pass the "
+                        "dataset before strategy.experimental_distribute_dataset, or the dataset_fn(input_context) "
+                        "given to distribute_datasets_from_function.")
+    if callable(data) and not is_pydataset(data) and not isinstance(data, type):
+        return UserPipeline(dataset_fn=data)
     if is_pydataset(data):
         return PyDatasetSource(data)
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
@@ -265,7 +273,8 @@ def as_source(data: Any) -> Any:
         f"unsupported `data`; received {type(data).__name__}"
         f"{f' of length {len(data)}' if isinstance(data, (tuple, list)) else ''}. Fix: pass (x, y) or "
         "(x, y, sample_weight) NumPy arrays (or x alone, for a model that needs no labels), tfdist.TFRecordSource(files, parse_fn), tfdist.ImageFolderSource(directory), "
-        "a keras.utils.PyDataset (Sequence) with __len__, an unbatched tf.data.Dataset of (x, y), or a name such as 'digits' or 'tfds:mnist'."
+        "a keras.utils.PyDataset (Sequence) with __len__, a tf.data.Dataset (batched: your own pipeline; unbatched: tfdist "
+        "batches it), a dataset_fn(input_context), or a name such as 'digits' or 'tfds:mnist'."
     )
 
 

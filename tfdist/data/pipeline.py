@@ -17,6 +17,8 @@ from tfdist.data.images import ImageFolderSource
 from tfdist.data.order import DataPlan
 from tfdist.data.pydataset import PyDatasetSource
 from tfdist.data.stream import COSTS, StreamSource
+from tfdist.data import user_pipeline
+from tfdist.data.user_pipeline import UserPipeline
 from tfdist.errors import BatchSizeError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,6 +55,8 @@ def steps_per_epoch_for(source: Source, sizes: BatchSizes, steps_per_epoch: int 
     """
     if steps_per_epoch is not None:
         _check_steps(steps_per_epoch)
+    if isinstance(source, UserPipeline):
+        return user_pipeline.steps_per_epoch(source, layout, layout.strategy, steps_per_epoch)
     if isinstance(source, StreamSource):
         return steps_per_epoch if steps_per_epoch is not None else _whole(source.count_batches(sizes.global_batch_size)
                                                                           if source.num_examples is None else
@@ -101,11 +105,17 @@ def make_plan(
     parameter_server: bool = False,
     num_workers: int = 1,
     recorded_order: dict | None = None,
+    strategy=None,
 ) -> DataPlan:
     """The run's ``DataPlan``; ``recorded_order`` is the latest checkpoint's ``order_record()``
-    (a resume keeps its data order, e.g. the number of streams of a file source)."""
+    (a resume keeps its data order, e.g. the number of streams of a file source). A user's own
+    pipeline needs the ``strategy``: its layout is this worker's pipeline (``WorkerPipeline``)."""
     layout = None
-    if isinstance(source, TFRecordSource):
+    if isinstance(source, UserPipeline):
+        if strategy is None:
+            raise ValueError("a user pipeline's plan needs the strategy (make_plan(..., strategy=...))")
+        layout = source.bind(strategy)
+    elif isinstance(source, TFRecordSource):
         layout = source.layout(num_replicas=sizes.num_replicas, num_workers=num_workers,
                                parameter_server=parameter_server, recorded=recorded_order)
         if not parameter_server and layout.streams % sizes.num_replicas and sizes.num_replicas % layout.streams == 0:
@@ -393,6 +403,10 @@ def validation_input(source: Source, sizes: BatchSizes, *, strategy, parameter_s
         return (lambda: validation_dataset(source, batch, embed=True).repeat()), max(1, -(-(source.num_examples or batch) // batch))
     if isinstance(source, StreamSource):
         return validation_dataset(source, batch), None
+    if isinstance(source, UserPipeline):  # as Keras' fit distributes it: auto-sharded, each batch split
+        if source.dataset is not None:
+            return source.dataset, None
+        return strategy.distribute_datasets_from_function(source.dataset_fn), None
     replicas, micro = sizes.num_replicas, sizes.micro_batch_size
     n = source.num_examples
     bounds = [r * n // replicas for r in range(replicas + 1)]

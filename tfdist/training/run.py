@@ -88,8 +88,9 @@ def fit(
     Every process of a cluster runs the same call. On the ``ps`` and ``worker`` tasks of a
     parameter-server cluster it serves until the chief has finished the run, then returns None.
     On an evaluator task it scores each new checkpoint of ``checkpoint_dir`` on ``validation_data``
-    and returns None: see [`run_evaluator`][tfdist.run_evaluator]. Everywhere else it trains. With a ``checkpoint_dir``, a run killed at any moment and started
-    again with the same call resumes at the exact step and batch.
+    and returns None: see [`run_evaluator`][tfdist.run_evaluator]. Everywhere else it trains.
+    With a ``checkpoint_dir``, a run killed at any moment and started again with the same call
+    resumes at the exact step and batch.
 
     Args:
       model: A function that builds and compiles a Keras 3 or tf_keras model, called inside the
@@ -99,7 +100,9 @@ def fit(
       data: The training data: ``(x, y)`` or ``(x, y, sample_weight)`` NumPy arrays (or ``x`` alone,
         for a model that needs no labels: Keras hands each batch to ``train_step`` as ``x``), a
         [`TFRecordSource`][tfdist.TFRecordSource], an [`ImageFolderSource`][tfdist.ImageFolderSource],
-        a Keras ``PyDataset`` or ``Sequence``, or an unbatched ``tf.data.Dataset``. A string names
+        a Keras ``PyDataset`` or ``Sequence``, your own ``tf.data`` pipeline (a batched
+        ``tf.data.Dataset`` of global batches, or a ``dataset_fn(input_context)`` of per-replica
+        batches: see the data pages), or an unbatched ``tf.data.Dataset``. A string names
         ``"digits"``, ``"tfds:NAME"`` (a prepared TFDS data set) or an ``.npz`` file with ``x`` and
         ``y``. ``x`` and ``y`` may be dicts or lists of arrays.
       y: The labels, as in Keras' ``model.fit(x, y)``. ``fit(model, x, y)`` is
@@ -251,7 +254,8 @@ def fit(
                 return history
             start_step = point.global_step if point is not None else 0
             # 5. Datasets.
-            train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step)
+            train_data, val_data, validation_steps = _datasets(adapter, strat, traits, shape, start_step=start_step,
+                                                               checkpointer=checkpointer)
         # 6. Run.
         controller = _controller(adapter, built, checkpointer, options, strat, traits, cluster, shape,
                                  start_step=start_step, history=_epochs_before(point, shape),
@@ -394,6 +398,13 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
         source, default_validation = data_mod.load(data)
     else:
         source, default_validation = data_mod.as_source(data), None
+    if isinstance(source, data_mod.UserPipeline):  # its batches are the global batches
+        _check_user_pipeline(source, strat, traits, class_weight)
+        batch_size, per_replica_batch_size = data_mod.user_pipeline.check_sizes(
+            source, num_replicas=strat.num_replicas_in_sync, batch_size=batch_size,
+            per_replica_batch_size=per_replica_batch_size, grad_accum_steps=grad_accum_steps), None
+        if steps_per_epoch is None and recorded is not None:  # its epoch as counted before: no pass to count it again
+            steps_per_epoch = recorded.run_value("steps_per_epoch")
     if validation_split:
         source, default_validation = _split_off_validation(source, validation_split, data=data,
                                                            validation_data=validation_data)
@@ -411,14 +422,25 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     plan = data_mod.make_plan(
         source, sizes, steps_per_epoch=steps_per_epoch, epochs=epochs, seed=seed, shuffle=shuffle,
         parameter_server=traits.coordinated, num_workers=traits.step_tasks,
-        recorded_order=recorded.data_order if recorded is not None else None,
+        recorded_order=recorded.data_order if recorded is not None else None, strategy=strat,
     )
     log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), plan.steps_per_epoch, epochs)
     validation = data_mod.as_source(validation_data) if validation_data is not None else None
+    if isinstance(validation, data_mod.UserPipeline):
+        data_mod.user_pipeline.check_strategy(validation, coordinated=traits.coordinated)
     data_mod.check_labelled(validation, use="validation")
     data_mod.check_same_classes(source, validation)
     return _Shape(source=source, validation=validation, sizes=sizes, plan=plan, class_weight=class_weight,
                   validation_freq=validation_freq)
+
+
+def _check_user_pipeline(source, strat, traits, class_weight) -> None:
+    """A user's own pipeline trains under synchronous strategies, its weights its own; binds it to ``strat``."""
+    data_mod.user_pipeline.check_strategy(source, coordinated=traits.coordinated)
+    source.bind(strat)
+    if class_weight is not None:
+        raise DataError("class_weight applies to data tfdist batches; received it with a user pipeline "
+                        f"({source.name}). Fix: map each batch to (x, y, sample_weight) in the pipeline.")
 
 
 def _batch_of(source, divisor: int) -> int:
@@ -590,14 +612,24 @@ def _already_complete(point: ResumePoint, adapter, built, checkpointer: Checkpoi
 
 
 # --- 5. datasets -------------------------------------------------------------------------------
-def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, start_step: int):
+def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, start_step: int,
+              checkpointer: Checkpointer | None = None):
     """(training data, validation data, validation steps) from ``start_step`` on.
 
     Synchronous strategies: one distributed dataset, every pipeline feeding its own replicas;
     each replica validates its own part. Coordinated (parameter servers): dataset functions
-    that every worker runs, handed over the way the model's Keras wants them."""
+    that every worker runs, handed over the way the model's Keras wants them. A user's own
+    pipeline: this worker's iterator, its position saved with every checkpoint."""
     plan, sizes = shape.plan, shape.sizes
-    if traits.coordinated:
+    if isinstance(shape.source, data_mod.UserPipeline) and adapter.name == "tf_keras":  # its fit reads datasets only
+        train = data_mod.user_input.replaying_input(plan.layout, strat, start_step=start_step)
+    elif isinstance(shape.source, data_mod.UserPipeline):
+        options = checkpointer.options if checkpointer is not None else None
+        train = data_mod.WorkerInput(plan.layout, strat, directory=options.directory if options else None,
+                                     start_step=start_step, keep=options.keep if options else 1)
+        if checkpointer is not None:
+            checkpointer.before_save.append(train.save)
+    elif traits.coordinated:
         train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True,
                                                         class_weight=shape.class_weight))
     else:

@@ -35,6 +35,10 @@ TFDIST_STARTUP_TIMEOUT = "TFDIST_STARTUP_TIMEOUT"
 TFDIST_RESTART = "TFDIST_RESTART"
 """How many times the launcher has restarted this cluster (0 on the first run)."""
 
+TFDIST_PROGRESS_FILE = "TFDIST_PROGRESS_FILE"
+"""A file ``tfdist launch`` names for each task; training writes the first step it trained there
+(see tfdist.progress). Without a trained step, two equal failures in a row end the launch."""
+
 TFDIST_VERBOSE_WORKERS = "TFDIST_VERBOSE_WORKERS"
 """Set to 1 to let non-chief workers print progress and logs too."""
 

@@ -73,8 +73,8 @@ __all__ = [
     "LaunchError",
 ]
 
-if _env.launched():  # a task of `tfdist launch`: a bad-input error must not be restarted in vain
-    _errors.install_launched_task_hook()
+if _env.in_cluster():  # bad input must not be restarted in vain, a lost peer must be
+    _errors.install_task_hook()
 
 if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import ClusterSpec

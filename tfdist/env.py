@@ -95,6 +95,11 @@ def launched(environ: Mapping[str, str] | None = None) -> bool:
     return get(TFDIST_RESTART, environ) is not None
 
 
+def in_cluster(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a task of a cluster: started by ``tfdist launch``, given a TF_CONFIG, or in a Slurm job."""
+    return launched(environ) or any(get(name, environ) is not None for name in (TF_CONFIG, SLURM_JOB_ID))
+
+
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     return (get(name, environ) or "").lower() in ("1", "true", "yes", "on")
 

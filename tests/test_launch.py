@@ -641,3 +641,25 @@ def test_a_launched_task_whose_peer_never_serves_is_told_to_look_at_that_peer_no
                                                    r"missing tasks' lines above: they exited or failed before serving"):
         wait_for_peers(cluster, timeout=0.5)
 
+
+
+@pytest.mark.timeout(120)
+def test_fit_writes_its_first_trained_step_to_the_progress_file_the_launcher_names(tmp_path, monkeypatch):
+    import tfdist
+    from tfdist import progress
+    from tfdist.models import builder
+
+    def fit(epochs):
+        tfdist.fit(builder("linear", input_shape=(8, 8, 1), num_classes=10), "digits", epochs=epochs,
+                   steps_per_epoch=3, batch_size=16, seed=1, strategy="one_device",
+                   checkpoint_dir=str(tmp_path / "run"), verbose=0)
+
+    path = tmp_path / "worker-0"
+    monkeypatch.setenv(env.TFDIST_PROGRESS_FILE, str(path))
+    fit(1)
+    assert progress.read(str(path)) == 1  # the first step, written once
+    path.unlink()
+    fit(1)  # complete already: nothing trained, nothing written
+    assert progress.read(str(path)) is None
+    fit(2)  # resumed at step 3
+    assert progress.read(str(path)) == 4

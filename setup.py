@@ -35,6 +35,8 @@ setup(
             "nbformat>=5.9",
             "ipykernel>=6.29",
         ],
+        # tfdist.fit inside Ray Train's TensorflowTrainer (docs/ray.md).
+        "ray": ["ray[train]>=2.50"],
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli:run"]},
 )

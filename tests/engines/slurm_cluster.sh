@@ -3,7 +3,7 @@
 #
 #   tests/engines/slurm_cluster.sh start DIR   installs Slurm and munge when missing (root, apt-get),
 #                                              writes DIR/slurm.conf, starts munged, slurmctld, slurmd
-#   tests/engines/slurm_cluster.sh stop DIR    stops the daemons this script started from DIR
+#   tests/engines/slurm_cluster.sh stop DIR    stops slurmctld and slurmd of DIR (munged, shared, stays)
 #
 # Then: export SLURM_CONF=DIR/slurm.conf, and sbatch / srun / squeue / scontrol use that cluster.
 # The node declares 8 CPUs whatever the machine has (SlurmdParameters=config_overrides), so that a
@@ -28,10 +28,7 @@ stop() {
       rm -f "$dir/$name.pid"
     fi
   done
-  if [ -f "$dir/munged.started" ] && [ -f /run/munge/munged.pid ]; then
-    kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
-    rm -f "$dir/munged.started"
-  fi
+  # munged stays: another cluster started from another DIR may use it.
 }
 
 if [ "$command" = stop ]; then stop; exit 0; fi
@@ -48,21 +45,22 @@ fi
 
 mkdir -p "$dir/ctld" "$dir/spool"
 host="$(hostname -s)"
+# tfdist's tasks reach each other by the node's name, as Slurm lists it.
+getent hosts "$host" >/dev/null || die "this machine's name $host does not resolve (add it to /etc/hosts)"
 
 # munge: the system's key and socket (created by the package), a daemon of its own user.
 if ! pgrep -x munged >/dev/null; then
   [ -f /etc/munge/munge.key ] || { mungekey --create 2>/dev/null || create-munge-key -f; } >/dev/null 2>&1 \
     || die "no /etc/munge/munge.key and it could not be made"
   mkdir -p /run/munge && chown munge:munge /run/munge
-  runuser -u munge -- munged || die "munged did not start"
-  touch "$dir/munged.started"
+  runuser -u munge -- munged || pgrep -x munged >/dev/null || die "munged did not start"
 fi
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 cat >"$dir/slurm.conf" <<CONF
 ClusterName=tfdist
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$(free_port)
 SlurmdPort=$(free_port)
 SlurmUser=root
@@ -85,7 +83,7 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
-NodeName=$host CPUs=8 State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import re
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 

@@ -156,14 +156,15 @@ def test_two_workers_train_and_a_time_limit_signal_in_start_up_and_in_training_r
     assert code == 0, log[-4000:]
     assert sorted((r["rank"], r["strategy"], r["num_workers"], r["global_step"]) for r in _results(log)) == [
         (rank, "multi_worker_mirrored", 2, STEPS) for rank in (0, 1)]
-    # 1: a limit of one minute: Slurm signals at its next check, while the tasks start (import, connect).
+    # 1: a limit of one minute: Slurm signals at its next check (within about 30 s), mostly while the
+    # tasks start (import, connect); on a fast machine it may come once training has begun.
     run_dir = slurm.directory / "preempted"
     job, _ = slurm.submit("preempted", run_dir, minutes=1, STEP_SECONDS="0.3")
     wait_for(lambda: slurm.job(job)["Restarts"] == "1", timeout=120, what="the first requeue")  # pending for 5 s
-    assert _saved_steps(run_dir) is None
     slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
-    # 2: in the middle of training (10 steps saved), a limit that ends within two minutes.
-    wait_for(lambda: (_saved_steps(run_dir) or 0) >= 10, timeout=180, what="the requeued job's first checkpoint")
+    first = _saved_steps(run_dir) or 0
+    # 2: in the middle of training (10 more steps saved), a limit that ends within two minutes.
+    wait_for(lambda: (_saved_steps(run_dir) or 0) >= first + 10, timeout=180, what="the requeued job's checkpoint")
     slurm.limit_from_now(job)
     wait_for(lambda: slurm.job(job)["Restarts"] == "2", timeout=120, what="the second requeue")
     slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
@@ -173,8 +174,11 @@ def test_two_workers_train_and_a_time_limit_signal_in_start_up_and_in_training_r
     assert info["JobState"] == "COMPLETED", log
     assert _tasks_that_exited_75(log) == 4, log  # two tasks, twice
     assert "User defined signal" not in log and "exit code 138" not in log
-    saved = int(re.search(r"preempted by SIGUSR1: saved at step (\d+)", log).group(1))
-    assert 10 <= saved < STEPS
+    if first == 0:  # signalled before training began: nothing to save, exit 75 at once
+        assert re.search(r"SIGUSR1 received (before training began|while tfdist was not training): exiting with code "
+                         "75", log), log
+    saved = int(re.findall(r"preempted by SIGUSR1: saved at step (\d+)", log)[-1])
+    assert first + 10 <= saved < STEPS
     final = [r for r in _results(log) if r["global_step"] == STEPS]
     assert sorted(r["rank"] for r in final) == [0, 1] and {r["start_step"] for r in final} == {saved}, final
     assert_bit_identical(checkpoint_tensors(str(reference)), checkpoint_tensors(str(run_dir)))

@@ -44,6 +44,8 @@ setup(
             "mkdocs-jupyter>=0.25",
             "black>=24",  # mkdocstrings formats the long signatures with it
         ],
+        # tfdist.fit inside Ray Train's TensorflowTrainer (docs/ray.md).
+        "ray": ["ray[train]>=2.50"],
     },
     entry_points={"console_scripts": ["tfdist=tfdist.cli:run"]},
 )

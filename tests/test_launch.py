@@ -249,14 +249,56 @@ def test_restarts_with_port_base_use_consecutive_fresh_ports(task_script):
 
 
 @pytest.mark.timeout(30)
-def test_a_task_that_always_fails_gives_up_after_max_restarts(task_script, tmp_path):
-    # Only worker:0 fails, after recording its attempt; the others wait to be stopped (a task
-    # failing first could otherwise get worker:0 stopped before it recorded anything).
-    command = task_script('record("attempt", restart)\nif (role, index) == ("worker", 0):\n    sys.exit(3)\ntime.sleep(60)\n')
+def test_a_task_that_always_fails_after_training_a_step_gives_up_after_max_restarts(task_script, tmp_path):
+    # Only worker:0 fails, after recording its attempt and a trained step (a crash a restart may
+    # survive); the others wait to be stopped (a task failing first could otherwise get worker:0
+    # stopped before it recorded anything).
+    command = task_script('record("attempt", restart)\nif (role, index) == ("worker", 0):\n'
+                          '    from tfdist.progress import Progress\n    Progress().trained(10 + restart)\n'
+                          '    sys.exit(3)\ntime.sleep(60)\n')
     result, _, _ = _launch(command, workers=2, max_restarts=2)
     assert (result.exit_code, result.restarts) == (3, 2)
     assert (tmp_path / "attempt-worker-0.log").read_text().split() == ["0", "1", "2"]
     assert "exit code 3, 2 cluster restart(s)" in result.summary()
+
+
+_CRASH_IN_MODEL_CODE = """
+record("attempt", restart)
+if (role, index) == ("worker", 1):
+    wait_for(lambda: lines("pid", "worker-0"))
+    print("building the model")
+    raise ValueError("Dense expects 3 units, received 4")  # the same traceback at every start
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ps, restarts", [(0, (1, 0)), (1, (0, 1))])  # (cluster, lone): a ps job's worker restarts alone
+def test_a_task_that_fails_the_same_way_twice_before_any_step_ends_the_launch_with_its_last_lines(
+        task_script, tmp_path, ps, restarts):
+    result, _, err = _launch(task_script(_CRASH_IN_MODEL_CODE), workers=2, ps=ps, max_restarts=3)
+    assert (result.exit_code, result.restarts, result.worker_restarts) == (env.EXIT_FAILED, *restarts), err
+    assert len((tmp_path / "attempt-worker-1.log").read_text().split()) == 2
+    assert result.reason == ("worker:1 exited with code 1 twice in a row, before any task trained a step: a restart "
+                             "would fail the same way")
+    last = err[err.index("tfdist: the last "):]  # printed again after the other tasks' lines
+    header, *lines = last.splitlines()
+    assert header == "tfdist: the last 6 line(s) of worker:1:" and len(lines) >= 6, last
+    # stdout's and stderr's lines, each in its order (two pipes: not in the order they were written)
+    assert {"[worker:1] building the model", "[worker:1] ValueError: Dense expects 3 units, received 4",
+            "[worker:1] Traceback (most recent call last):"} <= set(lines[:6]), last
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("codes, expected", [
+    ("[1, 3, 1]", (1, 2)),  # another failure in between: restarted
+    ("[75, 75, 75]", (env.EXIT_PREEMPTED, 2)),  # a preemption asks for the restart, whenever it comes
+])
+def test_only_the_same_failure_twice_before_any_step_ends_the_launch(task_script, codes, expected):
+    command = task_script(f"if (role, index) == ('worker', 0):\n    sys.exit({codes}[restart])\ntime.sleep(60)\n")
+    result, _, err = _launch(command, workers=2, max_restarts=2)
+    assert (result.exit_code, result.restarts) == expected, err
+    assert "twice in a row" not in result.reason
 
 
 @pytest.mark.timeout(30)
@@ -599,3 +641,25 @@ def test_a_launched_task_whose_peer_never_serves_is_told_to_look_at_that_peer_no
                                                    r"missing tasks' lines above: they exited or failed before serving"):
         wait_for_peers(cluster, timeout=0.5)
 
+
+
+@pytest.mark.timeout(120)
+def test_fit_writes_its_first_trained_step_to_the_progress_file_the_launcher_names(tmp_path, monkeypatch):
+    import tfdist
+    from tfdist import progress
+    from tfdist.models import builder
+
+    def fit(epochs):
+        tfdist.fit(builder("linear", input_shape=(8, 8, 1), num_classes=10), "digits", epochs=epochs,
+                   steps_per_epoch=3, batch_size=16, seed=1, strategy="one_device",
+                   checkpoint_dir=str(tmp_path / "run"), verbose=0)
+
+    path = tmp_path / "worker-0"
+    monkeypatch.setenv(env.TFDIST_PROGRESS_FILE, str(path))
+    fit(1)
+    assert progress.read(str(path)) == 1  # the first step, written once
+    path.unlink()
+    fit(1)  # complete already: nothing trained, nothing written
+    assert progress.read(str(path)) is None
+    fit(2)  # resumed at step 3
+    assert progress.read(str(path)) == 4

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from tfdist import _signals
 from tfdist import env as _env
 from tfdist import errors as _errors
 from tfdist._version import __version__
@@ -26,6 +27,8 @@ from tfdist.errors import (
     StrategyError,
     TfdistError,
 )
+
+_signals.install()  # before anything slow: a preemption signal from here on exits 75, never by its default action
 
 _LAZY = {
     "fit": "tfdist.training",
@@ -80,8 +83,8 @@ __all__ = [
     "LaunchError",
 ]
 
-if _env.launched():  # a task of `tfdist launch`: a bad-input error must not be restarted in vain
-    _errors.install_launched_task_hook()
+if _env.in_cluster():  # bad input must not be restarted in vain, a lost peer must be
+    _errors.install_task_hook()
 
 if TYPE_CHECKING:  # pragma: no cover
     from tfdist.cluster import ClusterSpec

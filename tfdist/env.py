@@ -35,6 +35,10 @@ TFDIST_STARTUP_TIMEOUT = "TFDIST_STARTUP_TIMEOUT"
 TFDIST_RESTART = "TFDIST_RESTART"
 """How many times the launcher has restarted this cluster (0 on the first run)."""
 
+TFDIST_PROGRESS_FILE = "TFDIST_PROGRESS_FILE"
+"""A file ``tfdist launch`` names for each task; training writes the first step it trained there
+(see tfdist.progress). Without a trained step, two equal failures in a row end the launch."""
+
 TFDIST_VERBOSE_WORKERS = "TFDIST_VERBOSE_WORKERS"
 """Set to 1 to let non-chief workers print progress and logs too."""
 
@@ -89,6 +93,11 @@ def get_float(name: str, default: float, environ: Mapping[str, str] | None = Non
 def launched(environ: Mapping[str, str] | None = None) -> bool:
     """True in a task started by ``tfdist launch`` (it sets TFDIST_RESTART in every task)."""
     return get(TFDIST_RESTART, environ) is not None
+
+
+def in_cluster(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a task of a cluster: started by ``tfdist launch``, given a TF_CONFIG, or in a Slurm job."""
+    return launched(environ) or any(get(name, environ) is not None for name in (TF_CONFIG, SLURM_JOB_ID))
 
 
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:

@@ -95,18 +95,20 @@ def describe(error: BaseException, limit: int = 200) -> str:
     return f"{type(error).__name__}: {line}"
 
 
-def install_launched_task_hook() -> None:
-    """In a task started by ``tfdist launch``: a tfdist bad-input error that ends the program
-    (e.g. a refused model in the user's script) ends it with ``EXIT_USAGE`` instead of Python's 1,
-    after the usual traceback, so that the launcher stops instead of restarting in vain."""
+def install_task_hook() -> None:
+    """In a task of a cluster: a tfdist error that ends the program ends it with the error's exit
+    code instead of Python's 1, after the usual traceback and one line that names it. Bad input
+    (e.g. a refused model in the user's script) exits ``EXIT_USAGE``, so that ``tfdist launch``
+    stops instead of restarting in vain; a lost peer ``EXIT_PEER_LOST``, which the launcher and
+    the Slurm recipe restart."""
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
         previous(kind, value, traceback)
-        if isinstance(value, TfdistError) and value.exit_code == EXIT_USAGE:
+        if isinstance(value, TfdistError) and value.exit_code in (EXIT_USAGE, EXIT_PEER_LOST):
             sys.stderr.write(f"tfdist: error: {value}\n")
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(EXIT_USAGE)
+            os._exit(value.exit_code)  # at once: TensorFlow's shutdown can block on a lost peer
 
     sys.excepthook = hook

@@ -2,7 +2,7 @@
 
 ``Launcher`` starts one process per task (chief, workers, ps, evaluator), each with its own
 ``TF_CONFIG`` on free ports, prefixes every output line with the task's name, forwards
-SIGINT/SIGTERM, and applies the failure policy:
+SIGINT, SIGTERM and SIGUSR1 (as SIGTERM), and applies the failure policy:
 
 * synchronous jobs (no ps): any training task that fails stops the cluster, and the WHOLE
   cluster restarts on fresh ports, at most ``max_restarts`` times;
@@ -16,24 +16,32 @@ counts towards ``max_restarts``. Exit code ``EXIT_USAGE`` (2: bad input, e.g. a 
 or an invalid option) ends the launch at once with that code: the same command would fail
 the same way after a restart. A task that dies of SIGINT (Ctrl-C to it alone: ``fit`` saves the
 step, tells the other workers and re-raises the ``KeyboardInterrupt``) ends the launch too, with
-code 130: the user asked the run to stop. Nothing here imports TensorFlow.
+code 130: the user asked the run to stop.
+
+A failure that repeats before any step is trained ends the launch after one restart: the same
+task with the same exit code (other than 75) twice in a row, while no task of either attempt
+trained a step (``tfdist.progress``). A crash in the model's code would repeat at every restart.
+That task's last lines are printed again, then the reason. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import IO, Callable, Mapping, Sequence
 
-from tfdist import _checks, env
+from tfdist import _checks, env, progress
 from tfdist.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterSpec
 from tfdist.errors import ClusterConfigError, LaunchError
 from tfdist.ports import DEFAULT_HOST, MAX_PORT, free_ports
@@ -50,6 +58,8 @@ _HOST = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a host name or IPv4 address, as clu
 _POLL_S = 0.05
 _KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to be reaped
 _READER_JOIN_S = 2.0  # how long to wait for the last output lines of an exited task
+LAST_LINES = 20
+"""How many of its last output lines a task that ends the launch has printed again."""
 
 
 def _fix_int(flag: str, value, *, minimum: int, fix: str) -> None:
@@ -212,6 +222,12 @@ class _Task:
         self.readers: list[threading.Thread] = []
         self.returncode: int | None = None
         self.lone_restarts = 0
+        self.lone_failure: int | None = None  # the return code of its last failure before any step, in a ps job
+        self.last_lines: collections.deque[str] = collections.deque(maxlen=LAST_LINES)
+
+    @property
+    def progress_file(self) -> str:
+        return self.environ[env.TFDIST_PROGRESS_FILE]
 
     @property
     def name(self) -> str:
@@ -224,21 +240,33 @@ class _Task:
 
 @dataclasses.dataclass(frozen=True)
 class _Outcome:
-    kind: str  # "success", "failure", "bad-input" or "interrupted" (neither worth a restart), or "stopped"
+    kind: str  # "success", "failure", "bad-input", "interrupted" or "repeated" (not worth a restart), or "stopped"
     exit_code: int
     reason: str
+    task: _Task | None = dataclasses.field(default=None, compare=False)  # the failed task whose exit decided
 
 
 def _failure(task: _Task, note: str = "") -> _Outcome:
     """The outcome of ``task``'s failed exit: bad input or a Ctrl-C ends the launch, anything else may restart."""
     if task.returncode == env.EXIT_USAGE:
         return _Outcome("bad-input", env.EXIT_USAGE,
-                        f"{task.name} {_describe_exit(task.returncode)}: bad input, which a restart cannot fix")
+                        f"{task.name} {_describe_exit(task.returncode)}: bad input, which a restart cannot fix", task)
     if _interrupted(task):  # fit saved the step it came in
         return _Outcome("interrupted", exit_code_of(task.returncode),
-                        f"{task.name} {_describe_exit(task.returncode)}: interrupted (Ctrl-C), which stops the run")
+                        f"{task.name} {_describe_exit(task.returncode)}: interrupted (Ctrl-C), which stops the run",
+                        task)
     return _Outcome("failure", exit_code_of(task.returncode) or env.EXIT_FAILED,
-                    f"{task.name} {_describe_exit(task.returncode)}{note}")
+                    f"{task.name} {_describe_exit(task.returncode)}{note}", task)
+
+
+def _signature(outcome: _Outcome, *, progressed: bool) -> tuple[str, int] | None:
+    """The failure as (task, return code) when it may repeat at every restart: no task trained a step
+    in this attempt, and it is not a preemption (which asks for the restart). The same two attempts
+    in a row end the launch."""
+    task = outcome.task
+    if outcome.kind != "failure" or task is None or progressed or task.returncode == env.EXIT_PREEMPTED:
+        return None
+    return task.name, task.returncode
 
 
 def _interrupted(task: _Task) -> bool:
@@ -260,7 +288,7 @@ class Launcher:
 
     ``run`` blocks until the job ends and returns a ``LaunchResult``; every process it
     started is dead when it returns or raises. Call it from the main thread to have
-    SIGINT/SIGTERM forwarded to the tasks; from another thread, use ``request_stop``.
+    SIGINT, SIGTERM and SIGUSR1 forwarded to the tasks; from another thread, use ``request_stop``.
     """
 
     def __init__(
@@ -286,6 +314,7 @@ class Launcher:
         self._used_ports: set[int] = set()
         self._restarts = 0
         self._worker_restarts = 0
+        self._progress_dir: str | None = None
 
     # --- public -----------------------------------------------------------------------
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
@@ -297,6 +326,7 @@ class Launcher:
         start = time.monotonic()
         previous = self._install_signal_handlers()
         atexit.register(self._kill_all)
+        self._progress_dir = tempfile.mkdtemp(prefix="tfdist-launch-")
         try:
             if self.options.ps and not self.options.chief:
                 log.info("--ps %d implies a chief: adding chief:0 to coordinate the training", self.options.ps)
@@ -305,6 +335,7 @@ class Launcher:
             self._kill_all()
             atexit.unregister(self._kill_all)
             self._restore_signal_handlers(previous)
+            shutil.rmtree(self._progress_dir, ignore_errors=True)
         result = LaunchResult(
             exit_code=outcome.exit_code,
             restarts=self._restarts,
@@ -317,6 +348,7 @@ class Launcher:
 
     # --- the policy ---------------------------------------------------------------------
     def _run(self) -> _Outcome:
+        signature = None  # the last attempt's failure, when it came before any step was trained
         while True:
             if self._signals:
                 return self._stopped_outcome()
@@ -337,6 +369,11 @@ class Launcher:
             if outcome.kind in ("bad-input", "interrupted"):
                 log.error("%s; not restarting", outcome.reason)
                 return outcome
+            if outcome.kind == "repeated":  # a parameter-server worker's, said already
+                return outcome
+            previous, signature = signature, _signature(outcome, progressed=self._progressed())
+            if signature is not None and signature == previous:
+                return self._repeated_outcome(outcome)
             if self._restarts >= self.options.max_restarts:
                 log.error(
                     "%s; no restart left (--max-restarts %d), giving up",
@@ -348,6 +385,23 @@ class Launcher:
                 "%s; restarting the whole cluster on fresh ports (restart %d of %d)",
                 outcome.reason, self._restarts, self.options.max_restarts,
             )
+
+    def _progressed(self) -> bool:
+        """Whether any task of this attempt trained a step (tfdist.progress)."""
+        return any(progress.read(task.progress_file) is not None for task in self._tasks)
+
+    def _repeated_outcome(self, outcome: _Outcome) -> _Outcome:
+        """Ends the launch on a failure that came twice, the same, before any step: its task's last lines, one reason."""
+        task = outcome.task
+        reason = (f"{task.name} {_describe_exit(task.returncode)} twice in a row, before any task trained a step: a "
+                  "restart would fail the same way")
+        with self._write_lock:
+            out = self._err()
+            out.write(f"tfdist: the last {len(task.last_lines)} line(s) of {task.name}:\n")
+            out.writelines(f"[{task.name}] {line}\n" for line in task.last_lines)
+            out.flush()
+        log.error("%s; not restarting. Fix: correct what its last lines above say, then launch again", reason)
+        return _Outcome("repeated", outcome.exit_code, reason, task)
 
     def _result_task(self) -> _Task:
         """The task whose exit code is the job's: the chief, or worker 0 without a chief."""
@@ -409,6 +463,10 @@ class Launcher:
                 elif task.role == WORKER:
                     if task.returncode == env.EXIT_USAGE or _interrupted(task) or task.lone_restarts >= max_restarts:
                         return _failure(task, f" and used its {max_restarts} lone restart(s)")
+                    failure = _signature(_failure(task), progressed=self._progressed())
+                    if failure is not None and failure[1] == task.lone_failure:
+                        return self._repeated_outcome(_failure(task))
+                    task.lone_failure = None if failure is None else failure[1]
                     task.lone_restarts += 1
                     self._worker_restarts += 1
                     log.warning(
@@ -467,6 +525,7 @@ class Launcher:
                 except ClusterConfigError as e:
                     raise LaunchError(f"the launched cluster would be invalid: {e}") from None
                 environ = env.task_environment(spec.to_tf_config(), restart=restart, base=base)
+                environ[env.TFDIST_PROGRESS_FILE] = os.path.join(self._progress_dir, f"{role}-{index}")
                 tasks.append(_Task(role=role, index=index, address=address, environ=environ))
         described = "; ".join(f"{role}={','.join(addrs)}" for role, addrs in jobs.items())
         log.info("starting %d task(s) (restart %d): %s", len(tasks), restart, described)
@@ -476,6 +535,10 @@ class Launcher:
         return tasks
 
     def _spawn(self, task: _Task) -> None:
+        try:
+            os.remove(task.progress_file)  # a lone restart's progress is its own
+        except OSError:
+            pass
         try:
             task.process = subprocess.Popen(
                 list(self.options.command),
@@ -491,14 +554,15 @@ class Launcher:
                 f"Fix: give a program on PATH or its full path, e.g. `-- {sys.executable} train.py`."
             ) from None
         task.returncode = None
+        task.last_lines.clear()
         prefix = f"[{task.name}] "
         task.readers = [
             threading.Thread(
-                target=self._pump, args=(task.process.stdout, prefix, self._out), daemon=True,
+                target=self._pump, args=(task.process.stdout, prefix, self._out, task.last_lines), daemon=True,
                 name=f"tfdist-launch-{task.name}-stdout",
             ),
             threading.Thread(
-                target=self._pump, args=(task.process.stderr, prefix, self._err), daemon=True,
+                target=self._pump, args=(task.process.stderr, prefix, self._err, task.last_lines), daemon=True,
                 name=f"tfdist-launch-{task.name}-stderr",
             ),
         ]
@@ -575,11 +639,12 @@ class Launcher:
     def _err(self) -> IO[str]:
         return self._stderr or sys.stderr
 
-    def _pump(self, pipe: IO[bytes], prefix: str, stream: Callable[[], IO[str]]) -> None:
+    def _pump(self, pipe: IO[bytes], prefix: str, stream: Callable[[], IO[str]], last: collections.deque) -> None:
         try:
             for raw in iter(pipe.readline, b""):
                 line = raw.decode("utf-8", errors="replace").rstrip("\n")
                 with self._write_lock:
+                    last.append(line)
                     out = stream()
                     out.write(f"{prefix}{line}\n")
                     out.flush()
@@ -602,7 +667,7 @@ class Launcher:
         if threading.current_thread() is not threading.main_thread():
             return {}
         previous = {}
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):  # SIGUSR1: Slurm's warning of a time limit
             previous[signum] = signal.signal(signum, self._on_signal)
         return previous
 

@@ -123,4 +123,9 @@ def _run_command(args) -> int:
 
 
 def run() -> None:  # console-script entry point
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C before a command began (e.g. while TensorFlow imports): nothing to save
+        sys.stderr.write("tfdist: interrupted\n")
+        code = 130
+    sys.exit(code)

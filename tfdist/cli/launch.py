@@ -17,6 +17,8 @@ failure policy:
   exit code 2 (bad input: a refused model, bad data, an invalid option) ends the launch
     at once with code 2: a restart would fail the same way. A Python script that dies of a
     tfdist bad-input error exits with 2 too when launched.
+  the same failure twice in a row (same task, same exit code other than 75) before any
+    task trained a step ends the launch after one restart, with that task's last lines.
 
 security: tasks listen on --host (127.0.0.1 by default). TensorFlow's gRPC has no
 authentication: run a cluster on other addresses only inside a trusted network.

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable
 
 from tfdist.checkpoint import Checkpointer, CheckpointOptions
+from tfdist.progress import Progress
 from tfdist.training.faults import Faults
 from tfdist.training.preemption import Preemption
 
@@ -104,6 +105,7 @@ class Controller:
         self.train_seconds = 0.0
         self._t0: float | None = None
         self._preempt_at_epoch_end = False
+        self._progress = Progress()
 
     # --- events ---------------------------------------------------------------------------
     def on_train_begin(self) -> None:
@@ -133,6 +135,7 @@ class Controller:
         previous = self.global_step
         self.steps_run += step - previous
         self.global_step = step
+        self._progress.trained(step)  # tells `tfdist launch` that a restart may get further
         self.faults.fire("kill_at_step", step)
         self.faults.fire("term_at_step", step)
         self.faults.fire("stop_at_step", step)

@@ -15,13 +15,12 @@ the previous handler back, so a second one interrupts at once, as Python's own d
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 
-from tfdist import env
+from tfdist import _signals, env
 
 log = logging.getLogger("tfdist")
 
@@ -113,13 +112,7 @@ class SetupSignals(_SignalHandlers):
     over when training begins."""
 
     def _on_signal(self, signum, frame):
-        # At once, as a SIGKILL would (which every state of a run survives): an exception raised
-        # here would surface inside whatever TensorFlow call is running, mangled by its bindings.
-        log.warning("%s received before training began: exiting with code %d (nothing trained yet; a restart "
-                    "resumes from the last checkpoint)", signal.Signals(signum).name, env.EXIT_PREEMPTED)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(env.EXIT_PREEMPTED)
+        _signals.exit_preempted(signum, "before training began")
 
 
 class DeferredSignals(_SignalHandlers):

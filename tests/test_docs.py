@@ -201,7 +201,8 @@ def prose_sentences(text: str) -> list[str]:
         for line in block.splitlines():
             if not line.strip() or line.lstrip().startswith(("|", "#", ">>>")):
                 continue
-            if re.match(r"\s*([*-]|\d+\.)\s", line) or not items:
+            # A list item, or a docstring's ``name: description`` line under Args/Raises, starts its own sentence.
+            if re.match(r"\s*([*-]|\d+\.)\s", line) or re.match(r"\s+\w+: ", line) or not items:
                 items.append([])
             items[-1].append(line)
         for item in items:
@@ -234,6 +235,16 @@ def test_the_style_check_finds_a_run_on_sentence():
 SECTION = re.compile(r"^(?P<indent>\s*)(?P<name>Args|Arguments|Attributes|Returns|Raises|Examples):\s*$")
 EXAMPLE_REQUIRED = {"fit", "evaluate", "predict", "plan", "make_strategy", "TFRecordSource", "ImageFolderSource",
                     "save_model", "split_cpu", "detect_cluster", "ClusterSpec", "Plan"}
+
+
+def _own_statements(function: ast.AST):
+    """The nodes of ``function``'s body, without those of the functions and classes defined in it."""
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
 
 
 def _definition(module: str, attr: str) -> ast.AST:
@@ -335,7 +346,7 @@ def test_every_public_symbol_documents_every_parameter(name):
     assert not unknown, f"tfdist.{name} documents {unknown}, which it does not take"
     if isinstance(node, ast.FunctionDef):
         returns = node.returns is not None and ast.unparse(node.returns) not in ("None", "'None'")
-        if returns or any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(node)):
+        if returns or any(isinstance(n, ast.Return) and n.value is not None for n in _own_statements(node)):
             assert "Returns" in found, f"tfdist.{name} returns a value but has no Returns: section"
         if any(isinstance(n, ast.Raise) for n in ast.walk(node)):
             assert "Raises" in found, f"tfdist.{name} raises but has no Raises: section"

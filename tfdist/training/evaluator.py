@@ -41,13 +41,13 @@ def run_evaluator(
     again under the same name counts as new.
 
     Args:
-      model: the compiled model the run trains, or the function that builds it (as for ``fit``).
-      validation_data: the data to score each checkpoint on, in any form ``fit`` takes.
-      checkpoint_dir: the run's checkpoint directory (``fit``'s ``checkpoint_dir``).
-      log_dir: where the TensorBoard summaries go (default: none).
-      batch_size: examples per evaluation batch.
-      poll_seconds: seconds between looks for a new checkpoint.
-      max_idle_seconds: stop after this long without a new checkpoint (default: wait on).
+      model: The compiled model the run trains, or the function that builds it, as for ``fit``.
+      validation_data: The data to score each checkpoint on, in any form ``fit`` takes.
+      checkpoint_dir: The run's checkpoint directory (``fit``'s ``checkpoint_dir``).
+      log_dir: Where the TensorBoard summaries go (default: none).
+      batch_size: Examples per evaluation batch.
+      poll_seconds: Seconds between looks for a new checkpoint.
+      max_idle_seconds: Stop after this long without a new checkpoint (default: wait on).
 
     Returns:
       One dictionary of metrics (and ``global_step``) per evaluated checkpoint.

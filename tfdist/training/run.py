@@ -97,12 +97,11 @@ def fit(
         strategy's scope. Or a compiled Sequential, functional or subclassed model, which is rebuilt
         in the scope with its weights and compile arguments. The model you passed ends with the
         trained weights and optimizer state.
-      data: The training data: ``(x, y)`` or ``(x, y, sample_weight)`` NumPy arrays (or ``x`` alone,
-        for a model that needs no labels: Keras hands each batch to ``train_step`` as ``x``), a
+      data: The training data. Your own ``tf.data`` pipeline: a batched ``tf.data.Dataset`` of global
+        batches, or a ``dataset_fn(input_context)`` of per-replica batches. NumPy arrays: ``(x, y)``,
+        ``(x, y, sample_weight)``, or ``x`` alone for a model that needs no labels. A
         [`TFRecordSource`][tfdist.TFRecordSource], an [`ImageFolderSource`][tfdist.ImageFolderSource],
-        a Keras ``PyDataset`` or ``Sequence``, your own ``tf.data`` pipeline (a batched
-        ``tf.data.Dataset`` of global batches, or a ``dataset_fn(input_context)`` of per-replica
-        batches: see the data pages), or an unbatched ``tf.data.Dataset``. A string names
+        a Keras ``PyDataset`` or ``Sequence``, or an unbatched ``tf.data.Dataset``. A string names
         ``"digits"``, ``"tfds:NAME"`` (a prepared TFDS data set) or an ``.npz`` file with ``x`` and
         ``y``. ``x`` and ``y`` may be dicts or lists of arrays.
       y: The labels, as in Keras' ``model.fit(x, y)``. ``fit(model, x, y)`` is

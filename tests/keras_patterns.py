@@ -11,8 +11,8 @@ trains them through ``tfdist.fit``, killing itself once per model (tests/test_ke
 
 Run as a script: ``python keras_patterns.py STRATEGY ROOT PATTERN[,PATTERN...] KILL_AT``. It
 trains each pattern into ``ROOT/PATTERN``; the first run of each (no ``ROOT/PATTERN.killed``
-yet) kills itself with SIGKILL after global step ``KILL_AT``. ``KILL_AT`` 0 trains without
-faults. It prints ``RESULT {...}`` once every pattern is complete.
+yet) kills itself with SIGKILL after global step ``KILL_AT``. With ``KILL_AT`` 0 only a
+``TFDIST_FAULT`` of the environment applies (a ``tfdist launch`` cluster's). It prints ``RESULT {...}`` once every pattern is complete.
 """
 
 from __future__ import annotations
@@ -244,11 +244,12 @@ def main(strategy: str, root: str, patterns: str, kill_at: str) -> None:
     for pattern in patterns.split(","):
         _keras().backend.clear_session()  # each pattern as in a process of its own (layer names, graphs)
         marker = os.path.join(root, f"{pattern}.killed")
-        os.environ.pop("TFDIST_FAULT", None)
-        if int(kill_at) and not os.path.exists(marker):
-            os.makedirs(root, exist_ok=True)
-            open(marker, "w").close()
-            os.environ["TFDIST_FAULT"] = f"kill_at_step:{kill_at}"
+        if int(kill_at):  # else a TFDIST_FAULT from the environment (a launched cluster's) applies
+            os.environ.pop("TFDIST_FAULT", None)
+            if not os.path.exists(marker):
+                os.makedirs(root, exist_ok=True)
+                open(marker, "w").close()
+                os.environ["TFDIST_FAULT"] = f"kill_at_step:{kill_at}"
         history = fit(pattern, strategy, os.path.join(root, pattern))
         result[pattern] = {"from": history.tfdist.start_step, "history": history.history}
     print("RESULT " + json.dumps(result), flush=True)

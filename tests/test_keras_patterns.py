@@ -34,10 +34,9 @@ def _drive(procs, strategy, root, pattern, kill_at):
     return code, out
 
 
+# A part of the matrix; benchmarks/keras_patterns.py runs every pattern under every strategy.
 @pytest.mark.parametrize("strategy, pattern", [
-    ("one_device", "gan"), ("one_device", "vae"), ("one_device", "autoencoder"),
-    ("mirrored", "gan"), ("mirrored", "strings"),
-    ("central_storage", "vae"), ("central_storage", "counter"),
+    ("one_device", "gan"), ("one_device", "vae"), ("mirrored", "gan"), ("central_storage", "counter"),
 ])
 def test_a_keras_io_model_resumes_bit_identical_after_a_sigkill(procs, tmp_path, strategy, pattern):
     kill_at = random.randint(3, STEPS - 1)  # after the first save (step 2), before the end
@@ -62,8 +61,9 @@ def test_a_gan_under_two_launched_workers_resumes_bit_identical_after_a_sigkill(
         return out
 
     launch(tmp_path / "reference", None)
-    out = launch(tmp_path / "killed", f"worker:1/kill_at_step:{random.randint(3, STEPS - 1)}")
-    assert "restart" in out, out[-4000:]
+    kill_at = random.randint(3, STEPS - 1)
+    out = launch(tmp_path / "killed", f"worker:1/kill_at_step:{kill_at}")
+    assert f"kill_at_step at step {kill_at}" in out and "1 cluster restart(s)" in out, out[-4000:]
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference" / "gan")),
                          checkpoint_tensors(str(tmp_path / "killed" / "gan")))
 

@@ -23,6 +23,8 @@ from typing import Any, Mapping, Sequence
 from tfdist import _checks, _logs, storage
 from tfdist import callbacks as callbacks_mod
 from tfdist._pipes import survive_a_closed_output
+from tfdist._compat import keras_common as keras_compat
+from tfdist._compat import versions
 from tfdist import data as data_mod
 from tfdist import env
 from tfdist import strategy as strategy_mod
@@ -127,6 +129,7 @@ def fit(
     with code 75 (``tfdist.env.EXIT_PREEMPTED``); running the same call again resumes.
     """
     wall_start = time.monotonic()
+    versions.warn_if_untested()
     if y is not None:
         data = data_mod.with_labels(data, y)
     _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks, seed=seed,
@@ -258,7 +261,7 @@ def _strategy_built_in(model: Any, strategy: Any) -> Any:
     cannot be used under another. Another strategy is refused with the fix."""
     import tensorflow as tf
 
-    owned = getattr(model, "_distribute_strategy", None) or getattr(model, "_distribution_strategy", None)
+    owned = keras_compat.owning_strategy(model)
     if owned is None or owned is strategy or not isinstance(strategy, (str, tf.distribute.Strategy)):
         return strategy
     name = strategy_mod.name_of(owned)

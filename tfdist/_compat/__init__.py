@@ -16,10 +16,6 @@ from typing import Any
 
 from tfdist.errors import CompatibilityError
 
-# The version sets tfdist is tested on: the newest by the full suite, the oldest by .ci/oldest.sh.
-CHECKED = "TensorFlow 2.17.1 and 2.21.0, Keras 3.5.0 and 3.15.1, tf_keras 2.17.0 and 2.21.0"
-
-
 def installed() -> str:
     """The installed TensorFlow, Keras and tf_keras versions, from the package metadata."""
     from importlib import metadata
@@ -35,8 +31,11 @@ def installed() -> str:
 
 def missing(entry: str, what: str) -> CompatibilityError:
     """The error of an entry whose private target ``what`` is not there."""
+    from tfdist._compat.versions import supported_range
+
     return CompatibilityError(
-        f"tfdist._compat.{entry}: {what} is not there under {installed()}; tfdist was checked on {CHECKED}. "
+        f"tfdist._compat.{entry}: {what} is not there under {installed()}; tfdist is tested with "
+        f"{supported_range()}. "
         "Fix: install a tested version set (docs/versions.md), or report the versions to tfdist."
     )
 

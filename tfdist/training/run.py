@@ -553,7 +553,7 @@ def _endless(dataset_fn):
 
     Under multi_worker_mirrored a finite dataset makes TensorFlow handle partial batches: every
     ``next()`` becomes ``get_next_as_optional`` plus an all-reduce between the workers, and the
-    batch dimension turns unknown (``tensorflow/python/distribute/input_lib.py``,
+    batch dimension turns unknown (TensorFlow's ``distribute/input_lib.py``,
     ``_enable_get_next_as_optional``). tfdist's batches are always whole, so that is pure cost.
     The zeros, not an ``assert_cardinality`` over the finite dataset, are what the input's
     read-ahead (the multi-device iterator reads up to ~16 batches ahead) meets past the run's

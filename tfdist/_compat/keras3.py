@@ -100,10 +100,8 @@ def output_losses_weighted_by_examples(model) -> None:
 
     Keras 3's ``CompileLoss.call`` passes the tracker the batch's *static* size, which a traced
     step does not know for a partial batch (its dataset's batch dimension is ``None``): the
-    tracker then counts the batch as one example. Over 101 examples in batches of 16, the
-    validation ``a_loss`` came out 0.375 where the whole set's is 0.368, and no longer added up
-    to ``loss`` with the loss weights (Keras' own ``evaluate`` is off the same way). While the
-    compiled loss runs, its trackers are given the batch's size from ``tf.shape``; per thread,
+    tracker then counts the batch as one example, and the per-output losses no longer add up to
+    ``loss`` with the loss weights. While the compiled loss runs, its trackers are given the batch's size from ``tf.shape``; per thread,
     since mirrored traces its replicas in threads of their own. It stays on the model; calling
     this again changes nothing.
 

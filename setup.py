@@ -17,8 +17,10 @@ setup(
     packages=find_packages(include=["tfdist", "tfdist.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "tensorflow>=2.16,<2.22",
-        "tf-keras>=2.16,<2.22",
+        # The supported range (docs/versions.md; tfdist._compat.versions): both ends are tested.
+        "tensorflow>=2.17.1,<2.22",
+        "keras>=3.5,<3.16",
+        "tf-keras>=2.17,<2.22",
         "tensorflow-datasets>=4.9",
         "absl-py>=1.0",
         "tensorboard>=2.16",

@@ -41,12 +41,12 @@ class StderrHandler(logging.StreamHandler):
 
 def without_retracing_warning(function: Any) -> Any:
     """``function``, a ``tf.function`` tfdist makes once per ``fit``, without TensorFlow's
-    "excessive retracing" warning (a private attribute, set where it exists): TensorFlow counts
+    "excessive retracing" warning (``_compat.tensorflow.omit_retracing_warning``): TensorFlow counts
     traces by the code, not the object, so a notebook's later fits were warned of a retracing
     loop that is not there, naming tfdist's own functions."""
-    if hasattr(function, "_omit_frequent_tracing_warning"):
-        function._omit_frequent_tracing_warning = True
-    return function
+    from tfdist._compat import tensorflow as tf_compat
+
+    return tf_compat.omit_retracing_warning(function)
 
 
 def _handler() -> logging.Handler:

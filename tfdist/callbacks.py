@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from tfdist._compat import tf_keras as tf_keras_compat
 from tfdist.errors import ModelError
 
 __all__ = ["is_chief", "task_role", "chief_only"]
@@ -79,8 +80,7 @@ def either_keras_callback() -> type:
 
         def __init__(self):
             keras.callbacks.Callback.__init__(self)
-            self._supports_tf_logs = False  # tf_keras hands over Python numbers
-            self._chief_worker_only = None
+            tf_keras_compat.init_callback_attributes(self)  # tf_keras hands over Python numbers
 
     return EitherKerasCallback
 
@@ -160,7 +160,7 @@ def _chief_only_class() -> type:
             self.callback = callback
             self._given_cluster = cluster
             self._chief: bool | None = None
-            self._supports_tf_logs = bool(getattr(callback, "_supports_tf_logs", False))
+            tf_keras_compat.take_tensor_logs(self, tf_keras_compat.callback_takes_tensor_logs(callback))
 
         @property
         def chief(self) -> bool:

@@ -316,7 +316,8 @@ def from_slurm(environ: Mapping[str, str]) -> ClusterSpec | None:
             "Slurm", "SLURM_STEP_NODELIST/SLURM_STEP_TASKS_PER_NODE", None,
             "start the tasks with srun, which sets both; or set TF_CONFIG instead.",
         )
-    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+    from tfdist._compat.tensorflow import slurm_resolver_module
+    slurm = slurm_resolver_module()
 
     jobs_raw = env.get(env.TFDIST_SLURM_JOBS, environ)
     jobs = _parse_slurm_jobs(jobs_raw) if jobs_raw else {WORKER: int(num_tasks)}

@@ -61,6 +61,11 @@ class StorageError(CheckpointError):
     scheme, not writable, not reachable."""
 
 
+class CompatibilityError(TfdistError, RuntimeError):
+    """A private part of TensorFlow or Keras that tfdist relies on is missing in the installed
+    version (``tfdist._compat``); the message names the versions and the tested ones."""
+
+
 class CheckpointMismatchError(TfdistError, ValueError):
     """The checkpoint in the directory was written by a different run."""
 

@@ -28,6 +28,7 @@ import threading
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tfdist import env
+from tfdist._compat import tensorflow as tf_compat
 from tfdist.cluster import CHIEF, PS, WORKER, ClusterSpec, detect
 from tfdist.errors import StrategyError
 from tfdist.startup import startup_watchdog, wait_for_peers
@@ -232,12 +233,7 @@ def _gpu_facts() -> tuple[int, int, bool]:
 
     visible = tf.config.get_visible_devices("GPU")
     logical = sum(len(tf.config.get_logical_device_configuration(gpu) or [None]) for gpu in visible)
-    try:
-        from tensorflow.python.framework import kernels
-
-        nccl = bool(kernels.get_registered_kernels_for_op("NcclAllReduce").kernel)
-    except Exception:  # noqa: BLE001 -- a private API: when it cannot tell, let NCCL be tried
-        nccl = True
+    nccl = tf_compat.nccl_kernels_registered()
     return len(visible), logical, nccl
 
 
@@ -370,7 +366,7 @@ def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
     choice = all_reduce_for(MIRRORED, requested=options.all_reduce, devices=devices or _local_devices())
     log.info("all-reduce %s: %s", choice.name, choice.reason)
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops(choice.name))
-    strategy._tfdist_all_reduce = choice.name  # read by all_reduce_of()
+    tf_compat.set_tfdist_attribute(strategy, "all_reduce", choice.name)  # read by all_reduce_of()
     return strategy
 
 
@@ -442,7 +438,7 @@ def _multi_worker_mirrored(cluster: ClusterSpec, options: StrategyOptions):
                     "first thing, then build the dataset and pass strategy=strategy to fit; or pass a "
                     "dataset_fn(input_context), which fit calls after it."
                 ) from None
-    strategy._tfdist_all_reduce = all_reduce  # read by all_reduce_of()
+    tf_compat.set_tfdist_attribute(strategy, "all_reduce", all_reduce)  # read by all_reduce_of()
     return strategy
 
 
@@ -575,7 +571,7 @@ def make_strategy(
     strategy = _REGISTRY[choice.name](cluster, options)
     _reclaim_signals()
     log.info("strategy %s: %s (%d replica(s))", choice.name, choice.reason, strategy.num_replicas_in_sync)
-    strategy._tfdist_name = choice.name  # read by name_of()
+    tf_compat.set_tfdist_attribute(strategy, "name", choice.name)  # read by name_of()
     _CREATED[key] = strategy
     return strategy
 
@@ -628,14 +624,14 @@ def all_reduce_of(strategy: "tf.distribute.Strategy") -> str | None:
     """The all-reduce tfdist chose for a ``mirrored`` or ``multi_worker_mirrored`` strategy it
     made (``nccl``, ``ring``, ``hierarchical_copy``, ``reduce_to_one``); None for the other
     strategies, which have none, and for a strategy the user created (TensorFlow chose)."""
-    return getattr(strategy, "_tfdist_all_reduce", None)
+    return tf_compat.tfdist_attribute(strategy, "all_reduce")
 
 
 def name_of(strategy: "tf.distribute.Strategy") -> str:
     """The registry name of a strategy, also for one the user created."""
     import tensorflow as tf
 
-    given = getattr(strategy, "_tfdist_name", None)
+    given = tf_compat.tfdist_attribute(strategy, "name")
     if given:
         return given
     kinds = [

@@ -21,6 +21,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, _logs, storage
+from tfdist._compat import tensorflow as tf_compat
 from tfdist.checkpoint import graph, layout, ownership
 from tfdist.checkpoint.replicas import ReplicaValues, aggregate_saved
 from tfdist.errors import (
@@ -285,7 +286,7 @@ class Checkpointer:
         step, self._in_flight = self._in_flight, None
         try:
             self.root.sync()
-            failure = _take_async_error(self.root)
+            failure = tf_compat.take_async_error(self.root)
         except Exception as e:  # noqa: BLE001 -- reported below, whatever it is
             failure = e
         if failure is None and step is not None and self._written_step != step:
@@ -327,7 +328,9 @@ class Checkpointer:
         except Exception as e:
             self._in_flight = None
             raise _save_failed(self.directory, e) from e
-        _quiet_copy_tracing(self.root)
+        copy = tf_compat.async_copy_function(self.root)
+        if copy is not None:  # each fit has its own writer, whose copy is traced once
+            _logs.without_retracing_warning(copy)
         if self.is_chief:
             try:
                 layout.write_metadata(path, metadata)
@@ -524,7 +527,7 @@ class Checkpointer:
         try:
             self.sync()
         finally:
-            _end_async_writer(self.root)
+            tf_compat.end_async_writer(self.root)
             if not self.is_chief:
                 storage.rmtree(self.directory)
             elif self._writer is not None:
@@ -611,13 +614,13 @@ class Checkpointer:
             except CheckpointMismatchError:
                 raise
             except (AssertionError, ValueError) as e:  # objects or shapes other than this run's
-                _expect_partial(e)
+                tf_compat.expect_partial_after(e)
                 log.warning("checkpoint %s does not match this run's model and optimizer (%s); falling back to the "
                             "previous one", path, describe(e))
                 mismatched.append(describe(e))
                 continue
             except (tf.errors.OpError, IndexError, OSError) as e:  # IndexError: a truncated file
-                _expect_partial(e)
+                tf_compat.expect_partial_after(e)
                 if _other_dtype(e):  # e.g. a checkpoint from before tfdist recorded the precision, in another one
                     log.warning("checkpoint %s holds variables of other dtypes than this run's model and optimizer "
                                 "(%s); falling back to the previous one", path, describe(e))
@@ -697,60 +700,11 @@ class Checkpointer:
         self._metrics_root.restore(self.resumed_from.path).expect_partial()
 
 
-def _take_async_error(root) -> BaseException | None:
-    """The error TensorFlow's writer thread kept for the next save (private attributes of
-    ``AsyncCheckpointHelper``, read defensively), removed so that it is reported once."""
-    helper = getattr(root, "_async_checkpointer_impl", None)
-    error = getattr(helper, "_async_error", None)
-    if error is not None:
-        helper._async_error = None
-    return error
-
-
 def _other_dtype(error: BaseException) -> bool:
     """A restore that failed on a variable saved in another dtype (not damage: another run's variables)."""
     import tensorflow as tf
 
     return isinstance(error, tf.errors.InvalidArgumentError) and "does not equal original dtype" in str(error)
-
-
-def _expect_partial(error: BaseException) -> None:
-    """Marks the restore that raised ``error`` as partial on purpose, as ``status.expect_partial()``
-    would. Its status never came back, and TensorFlow would otherwise log a page of "unrestored
-    values" warnings when the restore's coordinator is collected, after tfdist's one-line error.
-    The coordinator is a local of the frame in TensorFlow's ``restore`` that raised."""
-    traceback = error.__traceback__
-    while traceback is not None:
-        for value in list(traceback.tb_frame.f_locals.values()):
-            if hasattr(value, "expect_partial_attr"):  # _CheckpointRestoreCoordinator
-                value.expect_partial = True
-        traceback = traceback.tb_next
-
-
-def _quiet_copy_tracing(root) -> None:
-    """No retracing warning for the copy function of ``root``'s async writer (a private attribute,
-    read defensively): each ``fit`` has its own writer, whose copy is traced once."""
-    copy = getattr(getattr(root, "_async_checkpointer_impl", None), "_copy_to_cpu", None)
-    if copy is not None:
-        _logs.without_retracing_warning(copy)
-
-
-def _end_async_writer(root) -> None:
-    """Ends TensorFlow's writer thread of ``root`` (private attributes of ``AsyncCheckpointHelper``,
-    read defensively, as ``_take_async_error``). Left alone, the thread waits for saves until the
-    process exits, and ``atexit`` holds the helper, which holds the model and its copies of the
-    variables: one thread and one model's memory (on a GPU too) per ``fit`` in a notebook.
-    A later save on ``root`` starts a new writer."""
-    import atexit
-
-    helper = getattr(root, "_async_checkpointer_impl", None)
-    join = getattr(helper, "_join_async_save_thread", None)
-    if join is None:
-        return
-    atexit.unregister(join)
-    if getattr(helper, "_async_save_thread", None) is not None:
-        join()  # the last save was waited for by sync(): this only ends the idle thread
-    root._async_checkpointer_impl = None
 
 
 def _save_failed(directory: str, error: BaseException) -> CheckpointIOError:

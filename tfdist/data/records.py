@@ -350,39 +350,6 @@ def expand(files: str | Iterable[str]) -> list[str]:
 # --- reading -------------------------------------------------------------------------------------
 
 
-def _offset_reader():
-    """A dataset class reading TFRecords from byte offsets, or None if this TensorFlow lacks the op.
-
-    ``TFRecordDatasetV2`` (TF >= 2.15) takes ``byte_offsets``, but the public class does not
-    expose it, and its kernel cannot serialize itself (a top-level instance breaks the graph
-    rewrites at iterator creation: "3 inputs specified of 4"). tfdist only creates it inside
-    ``interleave`` functions, where it is a node of a function graph and never serialized.
-    """
-    try:
-        from tensorflow.python.data.ops import dataset_ops
-        from tensorflow.python.framework import tensor_spec
-        from tensorflow.python.ops import gen_dataset_ops
-    except ImportError:  # pragma: no cover
-        return None
-    if not hasattr(gen_dataset_ops, "tf_record_dataset_v2"):  # pragma: no cover
-        return None
-    import tensorflow as tf
-
-    class TFRecordsAt(dataset_ops.DatasetSource):
-        def __init__(self, filename, byte_offset):
-            variant = gen_dataset_ops.tf_record_dataset_v2(
-                tf.reshape(filename, [1]), "", tf.constant(_READ_BUFFER, tf.int64),
-                tf.reshape(tf.cast(byte_offset, tf.int64), [1]),
-            )
-            dataset_ops.DatasetSource.__init__(self, variant)  # not super(): AutoGraph may convert this
-
-        @property
-        def element_spec(self):
-            return tensor_spec.TensorSpec([], tf.string)
-
-    return TFRecordsAt
-
-
 _READER = None
 
 
@@ -396,7 +363,8 @@ def open_at(filename, byte_offset, *, compression: str = "") -> tuple:
 
     global _READER
     if _READER is None:
-        _READER = _offset_reader() or False
+        from tfdist._compat.tensorflow import tfrecord_offset_reader
+        _READER = tfrecord_offset_reader(_READ_BUFFER) or False
     if compression or not _READER:
         return tf.data.TFRecordDataset(filename, compression_type=compression or None, buffer_size=_READ_BUFFER), False
     return _READER(filename, byte_offset), True

@@ -331,6 +331,7 @@ def _run_tf_keras(net, data, clock: _Clock, *, steps: int, grad_accum_steps: int
     block, waiting for the steps it chooses."""
     import tf_keras
 
+    from tfdist._compat import tf_keras as tf_keras_compat
     from tfdist.training.keras2 import install_grad_accumulation
 
     install_grad_accumulation(net, grad_accum_steps)
@@ -338,7 +339,7 @@ def _run_tf_keras(net, data, clock: _Clock, *, steps: int, grad_accum_steps: int
     class _Timer(tf_keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self._supports_tf_logs = True  # logs stay tensors: only the steps the clock chose are waited for
+            tf_keras_compat.take_tensor_logs(self)  # logs stay tensors: only the steps the clock chose are waited for
 
         def on_train_batch_end(self, batch_index, logs=None):
             if clock.waits_for(batch_index + 1):

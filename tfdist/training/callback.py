@@ -1,15 +1,16 @@
 """The tf_keras callbacks that connect Keras' ``fit`` loop to tfdist's training controller.
 
-It hooks into tf_keras at two points its own ``BackupAndRestore`` uses: ``model._training_state``
+It hooks into tf_keras at two points its own ``BackupAndRestore`` uses: the model's start state
 (``maybe_load_initial_counters_from_ckpt`` tells ``fit`` the epoch and step to start at) and
-``_supports_tf_logs`` (batch hooks run under parameter servers too).
+batch logs left as tensors (batch hooks run under parameter servers too); both through
+``tfdist._compat.tf_keras``.
 """
 
 from __future__ import annotations
 
 import tf_keras
-from tf_keras.src.utils import tf_utils
 
+from tfdist._compat import tf_keras as tf_keras_compat
 from tfdist.training.controller import Controller
 
 
@@ -29,13 +30,13 @@ class EpochBeginCallback(tf_keras.callbacks.Callback):
 
     def __init__(self, controller: Controller):
         super().__init__()
-        self._supports_tf_logs = True
+        tf_keras_compat.take_tensor_logs(self)
         self.controller = controller
 
     def on_epoch_begin(self, epoch, logs=None):
-        resumed = isinstance(self.model._training_state, _StartAt)
+        resumed = isinstance(tf_keras_compat.start_state(self.model), _StartAt)
         if resumed:
-            self.model._training_state = None
+            tf_keras_compat.set_start_state(self.model, None)
         self.controller.on_epoch_begin(epoch, resumed_mid_epoch=resumed)  # Keras has just reset the metrics
 
 
@@ -51,16 +52,16 @@ class TrainingCallback(tf_keras.callbacks.Callback):
         super().__init__()
         # Batch logs are never read here, so tf_keras may pass them unresolved: this is
         # what lets the batch hooks (step-level saves) run under ParameterServerStrategy.
-        self._supports_tf_logs = True
+        tf_keras_compat.take_tensor_logs(self)
         self.controller = controller
 
     def on_train_begin(self, logs=None):
         start = self.controller.start
         if start.mid_epoch:
-            self.model._training_state = _StartAt(start.epoch, start.step_in_epoch)
+            tf_keras_compat.set_start_state(self.model, _StartAt(start.epoch, start.step_in_epoch))
         # tf_keras' fit sets its step counter to 0, and TensorBoard writes batch summaries at that
         # step: a resumed run's would start again at 1 (Keras 3's TensorBoard keeps its own count).
-        counter = getattr(self.model, "_train_counter", None)
+        counter = tf_keras_compat.train_counter(self.model)
         if counter is not None:
             counter.assign(start.global_step)
         self.controller.on_train_begin()
@@ -73,7 +74,7 @@ class TrainingCallback(tf_keras.callbacks.Callback):
         self.controller.on_step_end(self.controller.epoch * self.controller.steps_per_epoch + batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.controller.on_epoch_end(epoch, tf_utils.sync_to_numpy_or_python_type(logs or {}),
+        self.controller.on_epoch_end(epoch, tf_keras_compat.logs_as_python(logs or {}),
                                      stopping=bool(self.model.stop_training))
 
     def on_train_end(self, logs=None):

@@ -32,6 +32,7 @@ import json
 import logging
 from typing import Any, Sequence
 
+from tfdist._compat import keras_common as keras_compat
 from tfdist.errors import ModelError
 
 log = logging.getLogger("tfdist")
@@ -79,8 +80,7 @@ def learning_rate_variable(optimizer) -> Any:
     """The variable holding ``optimizer``'s learning rate (either Keras, a loss-scale wrapper's
     inner optimizer), or None when it is a schedule or a function (nothing sets it)."""
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)
-    for candidate in (getattr(optimizer, "_learning_rate", None),  # Keras 3, tf_keras' optimizers
-                      getattr(optimizer, "_hyper", {}).get("learning_rate")):  # tf_keras' legacy optimizers
+    for candidate in keras_compat.learning_rate_candidates(optimizer):
         if callable(getattr(candidate, "assign", None)) and callable(getattr(candidate, "numpy", None)):
             return candidate
     return None

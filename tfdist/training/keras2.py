@@ -10,6 +10,8 @@ import types
 from typing import Any, Sequence
 
 from tfdist import _checks
+from tfdist._compat import keras_common as keras_compat
+from tfdist._compat import tf_keras as tf_keras_compat
 from tfdist.errors import ModelError
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
                                           compile_fix, defined_in, fresh_metrics, merged_history,
@@ -86,7 +88,7 @@ def precision_policy(precision: str):
 
 def settle(model) -> None:
     """Waits until every step scheduled so far has run (parameter servers: before a save)."""
-    coordinator = getattr(model, "_cluster_coordinator", None)
+    coordinator = tf_keras_compat.cluster_coordinator(model)
     if coordinator is not None:
         coordinator.join()
 
@@ -95,13 +97,13 @@ def _rebuild(model, strategy):
     """Rebuilds a Sequential or functional model inside the strategy's scope."""
     import tf_keras
 
-    if not (isinstance(model, tf_keras.Sequential) or getattr(model, "_is_graph_network", False)):
+    if not (isinstance(model, tf_keras.Sequential) or tf_keras_compat.is_graph_network(model)):
         raise ModelError(
             f"a subclassed model created outside the strategy's scope cannot be rebuilt in it; received "
             f"{type(model).__name__}. Fix: pass a function that builds and compiles the model, e.g. "
             "tfdist.fit(lambda: make_model(), data); tfdist calls it inside the scope."
         )
-    args = model._get_compile_args(user_metrics=True)
+    args = tf_keras_compat.compile_arguments(model)
     with strategy.scope():
         rebuilt = tf_keras.models.clone_model(model)
         rebuilt.set_weights(model.get_weights())
@@ -113,8 +115,8 @@ def _rebuild(model, strategy):
             metrics=fresh_metrics(tf_keras, args["metrics"]),
             loss_weights=args["loss_weights"],
             weighted_metrics=fresh_metrics(tf_keras, args["weighted_metrics"]),
-            steps_per_execution=int(model._steps_per_execution.numpy()) if model._steps_per_execution is not None else 1,
-            jit_compile=getattr(model, "_jit_compile", None),
+            steps_per_execution=args["steps_per_execution"],
+            jit_compile=args["jit_compile"],
         )
     log.info("model %s was created outside the strategy's scope: rebuilt inside it with its weights", model.name)
     return rebuilt
@@ -122,7 +124,7 @@ def _rebuild(model, strategy):
 
 def in_scope(model, strategy):
     """``model`` with its variables in ``strategy``: itself, or a copy rebuilt in the scope."""
-    if getattr(model, "_distribution_strategy", None) is not strategy:
+    if keras_compat.owning_strategy(model) is not strategy:
         return _rebuild(model, strategy)
     return model
 
@@ -131,13 +133,11 @@ def random_generators(model) -> dict[str, Any]:
     """The tf.random.Generator of every random layer, keyed by layer path (checkpointed state)."""
     generators = {}
     legacy = []
-    for index, layer in enumerate(model._flatten_layers(include_self=False)):
-        rng = getattr(layer, "_random_generator", None)
-        if rng is None:
-            continue
-        if getattr(rng, "_generator", None) is not None:
-            generators[f"layer{index}"] = rng._generator  # by position: names differ per process
-        elif getattr(rng, "_rng_type", None) == "legacy_stateful":
+    for index, layer in enumerate(keras_compat.sublayers(model)):
+        generator, global_state = tf_keras_compat.random_generator(layer)
+        if generator is not None:
+            generators[f"layer{index}"] = generator  # by position: names differ per process
+        elif global_state:
             legacy.append(layer.name)
     if legacy:
         log.warning(
@@ -158,7 +158,7 @@ def build_state(model, sample: tuple) -> None:
     labelled = isinstance(sample, tuple) and len(sample) >= 2
     x = tf.nest.map_structure(tf.constant, sample[0] if isinstance(sample, tuple) else sample)
     # A model with a train_step and no call() (the GAN form) is never called by tf_keras' fit.
-    callable_model = type(model).call is not tf_keras.Model.call or getattr(model, "_is_graph_network", False)
+    callable_model = type(model).call is not tf_keras.Model.call or tf_keras_compat.is_graph_network(model)
     with model.distribute_strategy.scope():
         if callable_model:
             y_pred = model(x, training=False)
@@ -181,16 +181,16 @@ def _aggregate_schedule_variable(optimizer, strategy) -> None:
     same checkpoint name, with ``ONLY_FIRST_REPLICA`` aggregation."""
     import tensorflow as tf
 
-    current = getattr(optimizer, "_current_learning_rate", None)
+    current = tf_keras_compat.schedule_rate_variable(optimizer)
     if not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy) or current is None:
         return
     if current.aggregation != tf.VariableAggregation.NONE:
         return
     with strategy.scope():
-        optimizer._current_learning_rate = tf.Variable(
+        tf_keras_compat.set_schedule_rate_variable(optimizer, tf.Variable(
             current.read_value(), name="current_learning_rate", dtype=current.dtype, trainable=False,
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-        )
+        ))
 
 
 def race_free_moving_statistics(model) -> None:
@@ -201,7 +201,7 @@ def race_free_moving_statistics(model) -> None:
     atomic ``assign_sub`` of ``(moving - batch) (1 - momentum)``, the same statistics."""
     import tf_keras
 
-    norms = [layer for layer in model._flatten_layers(include_self=False)
+    norms = [layer for layer in keras_compat.sublayers(model)
              if isinstance(layer, tf_keras.layers.BatchNormalization) and layer.fused]
     for layer in norms:
         layer.fused = False
@@ -223,13 +223,11 @@ def install_grad_accumulation(model, steps: int, *, unrolled: bool = False) -> N
     if steps == 1:
         return
     check_own_train_step(model, tf_keras.Model, steps)
-    from tf_keras.src.engine import data_adapter
-
     optimizer = model.optimizer
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
     def train_step(self, data):
-        x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
         split = lambda t: tf.reshape(t, tf.concat([[steps, -1], tf.shape(t)[1:]], 0))  # noqa: E731
         xs, ys = tf.nest.map_structure(split, x), tf.nest.map_structure(split, y)
         ws = None if sample_weight is None else tf.nest.map_structure(split, sample_weight)

@@ -7,15 +7,8 @@ a checkpoint restores into it (``prepare``), names the state a checkpoint must a
 ``tf.train.Checkpoint(model=...)`` saves (``random_state``, ``replica_local_variables``), and
 accumulates gradients exactly under every synchronous strategy (``accumulating_train_step``).
 
-Keras internals touched (pin Keras to the tested 3.15.x): ``Layer._flatten_layers`` (to find
-tf_keras layers inside a Keras 3 model); an instance-level rebinding of every variable's
-``_copy_trackable_to_cpu`` (asynchronous checkpoints, see ``_copy_to_cpu_once``); under
-central_storage and parameter servers only, of ``assign_add``/``assign_sub`` on metric
-variables and the optimizer's iterations (see ``prepare``); and, on parameter servers only,
-of ``BatchNormalization._moments`` and its moving statistics' ``assign``
-(``_race_free_moving_statistics``); for a model with several outputs, an instance-level
-rebinding of ``model._compile_loss.call`` and of its per-output trackers' ``update_state``
-(``_output_losses_weighted_by_examples``).
+The Keras internals it needs (compile state, symbolic build, rebound methods) are entries of
+``tfdist._compat.keras3``.
 """
 
 from __future__ import annotations
@@ -23,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import threading
 from typing import Any
 
+from tfdist._compat import keras3 as keras3_compat
+from tfdist._compat import keras_common as keras_compat
 from tfdist.errors import ModelError
 from tfdist.training.keras_common import (carry_weight_decay_exclusions, check_own_train_step, compile_fix, defined_in,
                                           fresh_metrics, merged_history, model_fingerprint, not_a_model,
@@ -92,8 +86,8 @@ def check_ema_overwrite(optimizer, strategy) -> None:
 def _tf_keras_attributes(model):
     """(attribute, value) of the model and its layers that are tf_keras objects.
 
-    Uses ``Layer._flatten_layers`` (private, in Keras since 2.x and 3.0) to visit the layers."""
-    layers = [model, *model._flatten_layers(include_self=False)] if hasattr(model, "_flatten_layers") else [model]
+    Visits the layers with ``_compat.keras_common.sublayers``."""
+    layers = [model, *keras_compat.sublayers(model)]
     for layer in layers:
         for name, value in vars(layer).items():
             if name.startswith("_self_"):  # the tracking machinery's own bookkeeping
@@ -184,7 +178,7 @@ def rebuild_in_scope(model, strategy):
             clone.compile(**_compile_arguments(model))
             carry_weight_decay_exclusions(model.optimizer, clone.optimizer, model.weights, clone.weights)
     except (TypeError, ValueError, NotImplementedError) as e:
-        subclass = "" if isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False) else (
+        subclass = "" if isinstance(model, keras.Sequential) or keras3_compat.is_functional(model) else (
             ", or give the subclass a get_config()")
         raise ModelError(
             f"the model {model.name!r} was created outside the strategy's scope and cannot be rebuilt in it "
@@ -202,7 +196,7 @@ def _compile_arguments(model) -> dict:
     variables belong to the scope they were made in)."""
     import keras
 
-    arguments = dict(model._compile_config.config)  # Keras 3 keeps compile's arguments to serialize them
+    arguments = keras3_compat.compile_config(model)
     arguments["optimizer"] = keras.optimizers.deserialize(keras.optimizers.serialize(model.optimizer))
     for key in ("metrics", "weighted_metrics"):
         arguments[key] = fresh_metrics(keras, arguments.get(key))
@@ -242,15 +236,15 @@ def prepare(model, *, strategy, sample: Any, grad_accum_steps: int = 1) -> None:
     if any(not optimizer.built for optimizer in own):
         _build_own_optimizers(model, strategy, sample, own)
     for variable in _keras_variables(model):
-        _copy_to_cpu_once(variable)
+        keras3_compat.copy_to_cpu_once(variable)
     if kind in ("central_storage", "parameter_server"):
-        _use_native_increments(model.optimizer.iterations)  # see prepare_metrics
+        keras3_compat.use_native_increments(model.optimizer.iterations)  # see prepare_metrics
         for optimizer in own:
             if optimizer.built:
-                _use_native_increments(optimizer.iterations)
+                keras3_compat.use_native_increments(optimizer.iterations)
     if kind == "parameter_server":
-        for layer in model._flatten_layers(include_self=False):
-            _race_free_moving_statistics(layer)
+        for layer in keras_compat.sublayers(model):
+            keras3_compat.race_free_moving_statistics(layer)
 
 
 def check_labels_for_loss(model, sample: Any) -> None:
@@ -259,7 +253,7 @@ def check_labels_for_loss(model, sample: Any) -> None:
     import keras
 
     labelled = isinstance(sample, tuple) and len(sample) >= 2
-    if labelled or not _uses_keras_step(model, "train_step") or getattr(model, "_compile_loss", None) is None:
+    if labelled or not _uses_keras_step(model, "train_step") or keras3_compat.compiled_loss(model) is None:
         return
     raise ModelError(
         f"the model {model.name!r} is compiled with a loss, which compares its outputs to labels; received data "
@@ -308,30 +302,24 @@ def _build_own_optimizers(model, strategy, sample: Any, optimizers: list) -> Non
     unbuilt = [o for o in optimizers if not o.built]
     given: dict[int, list] = {}
 
-    def recorder(optimizer, apply):
-        def record(grads, trainable_variables=None):
-            if optimizer.built:
-                return apply(grads, trainable_variables)
-            given.setdefault(id(optimizer), list(trainable_variables))
-            return None
-        return record
+    def record(optimizer, apply, grads, trainable_variables=None):
+        if optimizer.built:
+            return apply(grads, trainable_variables)
+        given.setdefault(id(optimizer), list(trainable_variables))
+        return None
 
     specs = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *_shape_of(a)[1:]], tf.as_dtype(a.dtype)), sample)
-    for optimizer in unbuilt:
-        object.__setattr__(optimizer, "apply", recorder(optimizer, optimizer.apply))
+
     def step(batch):  # in replica context, where mirrored variables can be read (not on parameter servers,
         if _kind(strategy) == "parameter_server":  # whose steps run on workers: traced here as it is)
             return model.train_step(batch)
         return strategy.run(model.train_step, args=(batch,))
 
     try:
-        with strategy.scope():
+        with strategy.scope(), keras3_compat.apply_replaced(unbuilt, record):
             tf.function(step, autograph=False).get_concrete_function(specs)
     except Exception as e:  # noqa: BLE001 -- the trace only looks for the optimizers' variables
         log.debug("tracing %s's train_step to find its optimizers' variables stopped early: %s", model.name, e)
-    finally:
-        for optimizer in unbuilt:
-            del optimizer.apply  # back to the class's own
     with strategy.scope():
         for optimizer in unbuilt:
             if id(optimizer) in given:
@@ -386,7 +374,7 @@ def prepare_metrics(model, *, strategy, sample: Any) -> None:
     # A model with a train_step and no call() (keras.io's GAN and VAE) is never built by Keras:
     # its sub-models are. Keras' own symbolic build would call it, and fail.
     wrapper = not model.built and _uses_keras_step(model, "call") and all(
-        layer.built for layer in model._flatten_layers(include_self=False))
+        layer.built for layer in keras_compat.sublayers(model))
     # Keras' symbolic build also builds model.optimizer; prepare() decides that (it may be unused).
     optimizer = model.optimizer if model.optimizer is not None and not model.optimizer.built else None
     with strategy.scope():
@@ -394,7 +382,7 @@ def prepare_metrics(model, *, strategy, sample: Any) -> None:
             model.built = model.built or wrapper
             if optimizer is not None:
                 optimizer.built = True
-            model._symbolic_build(data_batch=_with_stand_in_labels(model, sample))
+            keras3_compat.symbolic_build(model, _with_stand_in_labels(model, sample))
         except RuntimeError as e:  # Keras' "Unable to automatically build the model"
             raise ModelError(
                 f"the model {model.name!r} could not be built on a batch of the data ({' '.join(str(e).split())[-300:]}); "
@@ -413,8 +401,8 @@ def prepare_metrics(model, *, strategy, sample: Any) -> None:
         # workers' read-add-writes race and lose updates. The tf.Variable's own
         # assign_add is one atomic op, summed once over replicas.
         for variable in model.metrics_variables:
-            _use_native_increments(variable)
-    _output_losses_weighted_by_examples(model)
+            keras3_compat.use_native_increments(variable)
+    keras3_compat.output_losses_weighted_by_examples(model)
 
 
 def _with_stand_in_labels(model, sample: Any) -> Any:
@@ -424,121 +412,12 @@ def _with_stand_in_labels(model, sample: Any) -> Any:
     import keras
     import tensorflow as tf
 
-    compiled = getattr(model, "_compile_loss", None) is not None or getattr(model, "_compile_metrics", None) is not None
+    compiled = keras3_compat.compiled_loss(model) is not None or keras3_compat.compiled_metrics(model) is not None
     if (isinstance(sample, tuple) and len(sample) >= 2) or not compiled or not model.built:
         return sample
     x = sample[0] if isinstance(sample, tuple) else sample
     symbolic = tf.nest.map_structure(lambda t: keras.KerasTensor(t.shape, t.dtype.name), x)
     return x, model.compute_output_spec(symbolic)
-
-
-def _output_losses_weighted_by_examples(model) -> None:
-    """Weighs each output's loss tracker (``a_loss``, ``b_loss`` of a model with several outputs)
-    by the examples of its batch, as Keras 3 weighs the ``loss`` tracker.
-
-    Keras 3's ``CompileLoss.call`` passes the tracker the batch's *static* size, which a traced
-    step does not know for a partial batch (its dataset's batch dimension is ``None``): the
-    tracker then counts the batch as one example. Over 101 examples in batches of 16, the
-    validation ``a_loss`` came out 0.375 where the whole set's is 0.368, and no longer added up
-    to ``loss`` with the loss weights (Keras' own ``evaluate`` is off the same way). While the
-    compiled loss runs, its trackers are given the batch's size from ``tf.shape``; per thread,
-    since mirrored traces its replicas in threads of their own. It stays on the model; calling
-    this again changes nothing."""
-    import tensorflow as tf
-
-    compile_loss = getattr(model, "_compile_loss", None)
-    trackers = list(getattr(compile_loss, "metrics", None) or ())
-    if not trackers or "call" in vars(compile_loss):
-        return
-    call, examples = compile_loss.call, threading.local()
-    for tracker in trackers:
-        def update_state(values, sample_weight=None, update=tracker.update_state):
-            size = getattr(examples, "size", None)
-            return update(values, sample_weight=sample_weight if size is None else size)
-
-        object.__setattr__(tracker, "update_state", update_state)  # past Metric.__setattr__'s tracking
-
-    def weighted_call(y_true, y_pred, sample_weight=None):
-        outer = getattr(examples, "size", None)
-        examples.size = tf.shape(tf.nest.flatten(y_pred)[0])[0]
-        try:
-            return call(y_true, y_pred, sample_weight)
-        finally:
-            examples.size = outer
-
-    compile_loss.call = weighted_call
-
-
-def _copy_to_cpu_once(variable) -> None:
-    """Lets TensorFlow's asynchronous checkpoints save Keras 3 variables.
-
-    An async save first copies every variable to host memory, in a ``tf.function`` that must
-    create its copies only once; Keras 3.15's ``KerasVariable._copy_trackable_to_cpu`` creates
-    a new ``tf.Variable`` on every call, so the first async save fails ("tf.function only
-    supports singleton tf.Variables created on the first call"). Here a Keras variable's copy
-    is its TensorFlow variable's copy, which TensorFlow makes once and then assigns."""
-    value = getattr(variable, "value", None)
-    if value is None or not hasattr(value, "_copy_trackable_to_cpu"):
-        return
-
-    def copy_to_cpu(object_map):
-        value._copy_trackable_to_cpu(object_map)
-        object_map[variable] = object_map[value]
-
-    variable._copy_trackable_to_cpu = copy_to_cpu
-
-
-def _use_native_increments(variable) -> None:
-    import tensorflow as tf
-
-    def assign_add(value):
-        return variable.value.assign_add(tf.cast(value, variable.value.dtype))
-
-    def assign_sub(value):
-        return variable.value.assign_sub(tf.cast(value, variable.value.dtype))
-
-    variable.assign_add = assign_add
-    variable.assign_sub = assign_sub
-
-
-def _race_free_moving_statistics(layer) -> None:
-    """Makes a BatchNormalization layer's moving statistics lose no update on parameter servers.
-
-    Keras 3 updates them as ``moving.assign(moving * m + batch * (1 - m))``: on a parameter
-    server, two workers' read-compute-writes race, and the later write undoes the earlier
-    (with 2 workers, about 1 update in 4 was lost, and the statistics lagged behind the
-    weights). Here the same update is one atomic ``assign_add`` of ``(1 - m) (batch - moving)``,
-    which is ``(1 - m) / m (batch - new)`` for the ``new`` value the layer assigns; the batch
-    statistics come from its ``_moments``. Other assigns (``set_weights``, a restore) are left as
-    they were. Renormalization and a momentum of 0 keep Keras' own update."""
-    import keras
-
-    if (not isinstance(layer, keras.layers.BatchNormalization) or layer.renorm or not layer.momentum
-            or getattr(layer, "_tfdist_race_free", False)):
-        return
-    moments, pending = layer._moments, {}
-
-    def batch_moments(inputs, mask):
-        pending["mean"], pending["variance"] = moments(inputs, mask)
-        return pending["mean"], pending["variance"]
-
-    def increment(variable, key):
-        assign = variable.assign
-
-        def assign_moving_average(value):
-            batch = pending.pop(key, None)
-            if batch is None:  # not the layer's own update
-                return assign(value)
-            momentum = layer.momentum
-            delta = (1.0 - momentum) / momentum * (batch - value)
-            return variable.value.assign_add(keras.ops.cast(delta, variable.value.dtype))
-
-        return assign_moving_average
-
-    layer._moments = batch_moments
-    layer.moving_mean.assign = increment(layer.moving_mean, "mean")
-    layer.moving_variance.assign = increment(layer.moving_variance, "variance")
-    layer._tfdist_race_free = True
 
 
 def random_state(model) -> dict[str, Any]:
@@ -557,12 +436,10 @@ def global_seed_state(strategy):
     generator without a seed draws its seed from there)."""
     import random
 
-    from keras.src.random.seed_generator import global_seed_generator
-
     before = random.getstate()
     try:
         with strategy.scope():
-            return global_seed_generator().state.value
+            return keras3_compat.global_seed_generator().state.value
     finally:
         random.setstate(before)
 

@@ -10,6 +10,7 @@ import hashlib
 import logging
 from typing import Any
 
+from tfdist._compat import keras_common as keras_compat
 from tfdist.errors import ModelError
 
 log = logging.getLogger("tfdist")
@@ -100,7 +101,7 @@ def model_fingerprint(model) -> str:
 
     Names are left out: Keras numbers them per process (dense, dense_1, ...)."""
     digest = hashlib.sha256()
-    for layer in model._flatten_layers(include_self=False):
+    for layer in keras_compat.sublayers(model):
         shapes = ",".join(f"{tuple(w.shape)}:{_dtype_name(w.dtype)}" for w in layer.weights)
         digest.update(f"{type(layer).__name__}[{shapes}];".encode())
     return digest.hexdigest()[:16]
@@ -161,12 +162,10 @@ def carry_weight_decay_exclusions(source, target, source_weights, target_weights
     the same order (a variable of the source maps to the copy's at its position)."""
     source = getattr(source, "inner_optimizer", source)  # a loss-scale wrapper: the optimizer it wraps
     target = getattr(target, "inner_optimizer", target)
-    keys = set(getattr(source, "_exclude_from_weight_decay", None) or ())
-    pattern = getattr(source, "_exclude_from_weight_decay_pattern", None)  # Keras 3: the names, as one regex
-    names = [pattern.pattern] if pattern is not None else list(getattr(source, "_exclude_from_weight_decay_names", []))
+    keys, names = keras_compat.weight_decay_exclusions(source)
     if not keys and not names:
         return
-    variables = [new for old, new in zip(source_weights, target_weights) if source._var_key(old) in keys]
+    variables = [new for old, new in zip(source_weights, target_weights) if keras_compat.variable_key(source, old) in keys]
     target.exclude_from_weight_decay(var_list=variables or None, var_names=names or None)
 
 
@@ -185,6 +184,6 @@ def fresh_metrics(keras, metrics: Any) -> Any:
 def build_optimizer(optimizer: Any, variables: list) -> None:
     """Creates an optimizer's variables now (Keras makes them at its first step): ``build``, or
     ``_create_all_weights`` for a tf_keras legacy optimizer (iterations, hyper-parameters, slots)."""
-    build = getattr(optimizer, "build", None) or getattr(optimizer, "_create_all_weights", None)
+    build = keras_compat.optimizer_builder(optimizer)
     if build is not None:
         build(variables)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist import strategy as strategy_mod
+from tfdist._compat import keras_common as keras_compat
 from tfdist.errors import ModelError
 from tfdist.training import keras2, keras3, keras_common
 
@@ -166,7 +167,7 @@ def copy_back(trained: Any, original: Any) -> None:
     optimizer = original.optimizer
     theirs = _optimizer_variables(optimizer)
     ours = _optimizer_variables(trained.optimizer)
-    unbuilt = not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False))
+    unbuilt = not keras_compat.optimizer_built(optimizer)
     if len(theirs) != len(ours) and unbuilt:  # an optimizer that never stepped makes its variables now
         keras_common.build_optimizer(optimizer, original.trainable_variables)
         theirs = _optimizer_variables(optimizer)

@@ -21,6 +21,7 @@ import threading
 import time
 
 from tfdist import _signals, env
+from tfdist._compat import tensorflow as tf_compat
 
 log = logging.getLogger("tfdist")
 
@@ -197,7 +198,7 @@ def sum_over_workers(strategy, values: list[int]) -> list[int]:
     twice as much (4 against 2 ms between two local CPU workers)."""
     import tensorflow as tf
 
-    summed = getattr(strategy, "_tfdist_sum_over_workers", None)
+    summed = tf_compat.tfdist_attribute(strategy, "sum_over_workers")
     if summed is None:
         per_worker = max(1, len(strategy.extended.worker_devices))
 
@@ -209,7 +210,7 @@ def sum_over_workers(strategy, values: list[int]) -> list[int]:
             )
             return strategy.reduce(tf.distribute.ReduceOp.SUM, distributed, axis=None)
 
-        strategy._tfdist_sum_over_workers = summed
+        tf_compat.set_tfdist_attribute(strategy, "sum_over_workers", summed)
     return [int(v) for v in summed(tf.constant(values, tf.int64)).numpy()]
 
 

@@ -23,6 +23,8 @@ from typing import Any, Mapping, Sequence
 from tfdist import _checks, _logs, storage
 from tfdist import callbacks as callbacks_mod
 from tfdist._pipes import survive_a_closed_output
+from tfdist._compat import keras_common as keras_compat
+from tfdist._compat import versions
 from tfdist import data as data_mod
 from tfdist import env
 from tfdist import strategy as strategy_mod
@@ -199,6 +201,7 @@ def fit(
         ```
     """
     wall_start = time.monotonic()
+    versions.warn_if_untested()
     if y is not None:
         data = data_mod.with_labels(data, y)
     _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks, seed=seed,
@@ -331,7 +334,7 @@ def _strategy_built_in(model: Any, strategy: Any) -> Any:
     cannot be used under another. Another strategy is refused with the fix."""
     import tensorflow as tf
 
-    owned = getattr(model, "_distribute_strategy", None) or getattr(model, "_distribution_strategy", None)
+    owned = keras_compat.owning_strategy(model)
     if owned is None or owned is strategy or not isinstance(strategy, (str, tf.distribute.Strategy)):
         return strategy
     name = strategy_mod.name_of(owned)
@@ -650,7 +653,7 @@ def _endless(dataset_fn):
 
     Under multi_worker_mirrored a finite dataset makes TensorFlow handle partial batches: every
     ``next()`` becomes ``get_next_as_optional`` plus an all-reduce between the workers, and the
-    batch dimension turns unknown (``tensorflow/python/distribute/input_lib.py``,
+    batch dimension turns unknown (TensorFlow's ``distribute/input_lib.py``,
     ``_enable_get_next_as_optional``). tfdist's batches are always whole, so that is pure cost.
     The zeros, not an ``assert_cardinality`` over the finite dataset, are what the input's
     read-ahead (the multi-device iterator reads up to ~16 batches ahead) meets past the run's

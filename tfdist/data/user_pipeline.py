@@ -392,8 +392,6 @@ class WorkerPipeline:
 
     def steps(self) -> int | None:
         """Steps in one pass of this worker's pipeline: known, or None for an endless one."""
-        import tensorflow as tf
-
         if not self.finite:
             return None
         if self._length is None:

@@ -395,7 +395,7 @@ def test_the_error_docs_plan_shows_is_the_one_the_command_prints_in_its_flags(ca
     line = capsys.readouterr().err.strip()
     assert "`--global-batch`" in line and "(--nodes x --gpus-per-node)" in line and "--max-micro-batch=4" in line
     docs = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "plan.md").read_text()
-    assert f"$ tfdist {' '.join(argv)}" in docs and line in docs
+    assert f"tfdist {' '.join(argv)}" in docs and line in docs
 
 
 def test_cli_bad_value_in_a_subprocess():

@@ -253,3 +253,27 @@ def test_tfrecord_files_parsed_to_inputs_alone_train_an_autoencoder_and_resume_b
     resumed = tfdist.fit(keras_patterns.autoencoder, source(), checkpoint_dir=str(tmp_path / "crashed"), **options)
     assert resumed.tfdist.start_step > 0
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "crashed")))
+
+
+def test_a_gan_on_a_batched_pipeline_of_images_alone_resumes_bit_identical(tmp_path):
+    import keras_patterns
+    import tensorflow as tf
+
+    import tfdist
+    from conftest import Crash, crash_after
+
+    def images():  # the user's own pipeline: shuffled, batched, prefetched; no labels
+        # A shuffle's seeds are fixed when the dataset is made, from the global seed then: as in a
+        # fresh process, each run makes its dataset under the same global seed.
+        tf.random.set_seed(5)
+        return (tf.data.Dataset.from_tensor_slices(keras_patterns.images()).shuffle(96, seed=1)
+                .batch(16, drop_remainder=True).prefetch(2))
+
+    options = dict(epochs=2, seed=0, deterministic=True, strategy="one_device", verbose=0, save_every_steps=2)
+    tfdist.fit(keras_patterns.gan, images(), checkpoint_dir=str(tmp_path / "reference"), **options)
+    with pytest.raises(Crash):
+        tfdist.fit(keras_patterns.gan, images(), checkpoint_dir=str(tmp_path / "crashed"),
+                   callbacks=[crash_after(7)], **options)
+    resumed = tfdist.fit(keras_patterns.gan, images(), checkpoint_dir=str(tmp_path / "crashed"), **options)
+    assert resumed.tfdist.start_step > 0
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "crashed")))

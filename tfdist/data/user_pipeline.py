@@ -179,19 +179,21 @@ class UserPipeline:
             raise ValueError("bind(strategy) the pipeline first")
         return self.worker
 
-    def sample(self, count: int) -> tuple:
-        """The first ``count`` examples of this worker's first batch (fewer if it is smaller); read on its own
-        when the pipeline is not bound to a strategy (data to evaluate)."""
+    def sample(self, count: int) -> Any:
+        """The first ``count`` examples of this worker's first batch (fewer if it is smaller), structured as
+        the batches (``x`` alone stays alone); read on its own when the pipeline is not bound to a strategy
+        (data to evaluate)."""
         import tensorflow as tf
 
         if self.worker is not None:
-            first = self.worker.first
+            first, spec = self.worker.first, self.worker.dataset.element_spec
         else:
+            dataset = self.dataset if self.dataset is not None else self.call(tf.distribute.InputContext())
             if self._sample is None:
-                dataset = self.dataset if self.dataset is not None else self.call(tf.distribute.InputContext())
                 self._sample = _first_element(dataset, self.name)
-            first = self._sample
-        return tf.nest.map_structure(lambda a: a[:count], first)
+            first, spec = self._sample, dataset.element_spec
+        rows = tf.nest.map_structure(lambda a: a[:count], first)
+        return rows if isinstance(spec, tuple) else rows[0]  # x alone, as train_step receives it
 
     @property
     def example_shape(self) -> Any:

@@ -543,6 +543,7 @@ class _ControllerHooks:
     def __init__(self, controller, model):
         self._controller, self._model = controller, model
         self._resumed_mid_epoch = controller.start.mid_epoch
+        self._first_step = True
 
     def on_train_begin(self) -> None:
         self._controller.on_train_begin()
@@ -555,6 +556,10 @@ class _ControllerHooks:
         self._controller.after_epoch_begin()
 
     def on_step_end(self, global_step: int) -> None:
+        if self._first_step:  # variables a train_step made at its first call join the asynchronous save's copy
+            self._first_step = False
+            for variable in _keras_variables(self._model):
+                keras3_compat.copy_to_cpu_once(variable)
         self._controller.on_step_end(global_step)
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:

@@ -292,7 +292,7 @@ def test_train_reads_a_folder_of_images_resized_and_rescaled_for_the_built_in_mo
     images = ImageFolderSource(str(flat), labels=None, image_size=(16, 12))
     with np.load(tmp_path / "new.npz") as written:
         assert list(written["paths"]) == [f"{flat}/{f}" for f in images.files] and len(images.files) == 5
-        np.testing.assert_allclose(written["outputs"], model.predict(images.sample(5)[0], verbose=0), rtol=1e-5,
+        np.testing.assert_allclose(written["outputs"], model.predict(images.sample(5), verbose=0), rtol=1e-5,
                                    atol=1e-6)
     assert main(["predict", str(out / "model.keras"), "--data", str(flat), "--output", str(tmp_path / "new.csv"),
                  "--class-names", folder, "--verbose", "0"]) == 0

@@ -87,7 +87,7 @@ def test_structured_data_with_a_wrong_row_count_or_type_names_the_array():
         data.ArraySource({"image": X["image"], "meta": np.zeros((9, 3))}, Y)
     with pytest.raises(DataError, match=r"sample_weight of shape \(5,\)"):
         data.as_source((X, Y, np.ones(5)))
-    with pytest.raises(DataError, match=r"x\['meta'\] must be a numeric array"):
+    with pytest.raises(DataError, match=r"x\['meta'\] must be numbers or strings; received an array of Python objects \(NoneType\)"):
         data.ArraySource({"image": X["image"], "meta": np.array([None] * N)}, Y)
     with pytest.raises(DataError, match=r"received tuple of length 4\. Fix: pass \(x, y\) or \(x, y, sample_weight\)"):
         data.as_source((X, Y, W, W))

@@ -180,32 +180,37 @@ def _tf_keras_gan():
     return model
 
 
-def test_a_tf_keras_gan_on_images_without_labels_resumes_bit_identical(tmp_path):
-    import keras_patterns
-
+def _crashed_and_resumed(tmp_path, build, data, *, keras_name: str = "keras", **options):
+    """``fit(build, data())`` never interrupted, then crashed after step 7 (saves every 2 steps) and run
+    again: returns the resumed run's History and the reference's checkpoint tensors, after checking
+    that the resumed run's final checkpoint is bit-identical to them."""
     import tfdist
     from conftest import Crash, crash_after
 
-    x = keras_patterns.images()
-    options = dict(epochs=2, batch_size=16, seed=0, deterministic=True, strategy="one_device", verbose=0,
-                   save_every_steps=2)
-    tfdist.fit(_tf_keras_gan, x, checkpoint_dir=str(tmp_path / "reference"), **options)
-    with pytest.raises(Crash):
-        tfdist.fit(_tf_keras_gan, x, checkpoint_dir=str(tmp_path / "crashed"), callbacks=[crash_after(7, "tf_keras")],
+    options = dict(epochs=2, seed=0, deterministic=True, strategy="one_device", verbose=0, save_every_steps=2,
                    **options)
-    resumed = tfdist.fit(_tf_keras_gan, x, checkpoint_dir=str(tmp_path / "crashed"), **options)
+    tfdist.fit(build, data(), checkpoint_dir=str(tmp_path / "reference"), **options)
+    with pytest.raises(Crash):
+        tfdist.fit(build, data(), checkpoint_dir=str(tmp_path / "crashed"), callbacks=[crash_after(7, keras_name)],
+                   **options)
+    resumed = tfdist.fit(build, data(), checkpoint_dir=str(tmp_path / "crashed"), **options)
     assert resumed.tfdist.start_step > 0
-    names = checkpoint_tensors(str(tmp_path / "reference"))
+    reference = checkpoint_tensors(str(tmp_path / "reference"))
+    assert_bit_identical(reference, checkpoint_tensors(str(tmp_path / "crashed")))
+    return resumed, reference
+
+
+def test_a_tf_keras_gan_on_images_without_labels_resumes_bit_identical(tmp_path):
+    import keras_patterns
+
+    _, names = _crashed_and_resumed(tmp_path, _tf_keras_gan, keras_patterns.images, keras_name="tf_keras",
+                                    batch_size=16)
     assert any("d_optimizer" in name for name in names) and any("g_optimizer" in name for name in names)
-    assert_bit_identical(names, checkpoint_tensors(str(tmp_path / "crashed")))
 
 
 def test_a_pydataset_of_inputs_alone_trains_a_vae_and_resumes_bit_identical(tmp_path):
     import keras
     import keras_patterns
-
-    import tfdist
-    from conftest import Crash, crash_after
 
     class Images(keras.utils.PyDataset):
         def __len__(self):
@@ -214,14 +219,8 @@ def test_a_pydataset_of_inputs_alone_trains_a_vae_and_resumes_bit_identical(tmp_
         def __getitem__(self, index):
             return keras_patterns.images()[index * 16:(index + 1) * 16]  # no labels
 
-    options = dict(epochs=2, seed=0, deterministic=True, strategy="one_device", verbose=0, save_every_steps=2)
-    tfdist.fit(keras_patterns.vae, Images(), checkpoint_dir=str(tmp_path / "reference"), **options)
-    with pytest.raises(Crash):
-        tfdist.fit(keras_patterns.vae, Images(), checkpoint_dir=str(tmp_path / "crashed"), callbacks=[crash_after(7)],
-                   **options)
-    resumed = tfdist.fit(keras_patterns.vae, Images(), checkpoint_dir=str(tmp_path / "crashed"), **options)
-    assert resumed.tfdist.start_step > 0 and resumed.tfdist.global_batch_size == 16
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "crashed")))
+    resumed, _ = _crashed_and_resumed(tmp_path, keras_patterns.vae, Images)
+    assert resumed.tfdist.global_batch_size == 16
 
 
 def test_tfrecord_files_parsed_to_inputs_alone_train_an_autoencoder_and_resume_bit_identical(tmp_path):
@@ -229,7 +228,6 @@ def test_tfrecord_files_parsed_to_inputs_alone_train_an_autoencoder_and_resume_b
     import tensorflow as tf
 
     import tfdist
-    from conftest import Crash, crash_after
 
     images = keras_patterns.images()
     path = str(tmp_path / "images.tfrecord")
@@ -244,23 +242,12 @@ def test_tfrecord_files_parsed_to_inputs_alone_train_an_autoencoder_and_resume_b
     def source():
         return tfdist.TFRecordSource(path, parse)
 
-    options = dict(epochs=2, batch_size=16, seed=0, deterministic=True, strategy="one_device", verbose=0,
-                   save_every_steps=2)
-    tfdist.fit(keras_patterns.autoencoder, source(), checkpoint_dir=str(tmp_path / "reference"), **options)
-    with pytest.raises(Crash):
-        tfdist.fit(keras_patterns.autoencoder, source(), checkpoint_dir=str(tmp_path / "crashed"),
-                   callbacks=[crash_after(7)], **options)
-    resumed = tfdist.fit(keras_patterns.autoencoder, source(), checkpoint_dir=str(tmp_path / "crashed"), **options)
-    assert resumed.tfdist.start_step > 0
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "crashed")))
+    _crashed_and_resumed(tmp_path, keras_patterns.autoencoder, source, batch_size=16)
 
 
 def test_a_gan_on_a_batched_pipeline_of_images_alone_resumes_bit_identical(tmp_path):
     import keras_patterns
     import tensorflow as tf
-
-    import tfdist
-    from conftest import Crash, crash_after
 
     def images():  # the user's own pipeline: shuffled, batched, prefetched; no labels
         # A shuffle's seeds are fixed when the dataset is made, from the global seed then: as in a
@@ -269,11 +256,4 @@ def test_a_gan_on_a_batched_pipeline_of_images_alone_resumes_bit_identical(tmp_p
         return (tf.data.Dataset.from_tensor_slices(keras_patterns.images()).shuffle(96, seed=1)
                 .batch(16, drop_remainder=True).prefetch(2))
 
-    options = dict(epochs=2, seed=0, deterministic=True, strategy="one_device", verbose=0, save_every_steps=2)
-    tfdist.fit(keras_patterns.gan, images(), checkpoint_dir=str(tmp_path / "reference"), **options)
-    with pytest.raises(Crash):
-        tfdist.fit(keras_patterns.gan, images(), checkpoint_dir=str(tmp_path / "crashed"),
-                   callbacks=[crash_after(7)], **options)
-    resumed = tfdist.fit(keras_patterns.gan, images(), checkpoint_dir=str(tmp_path / "crashed"), **options)
-    assert resumed.tfdist.start_step > 0
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "crashed")))
+    _crashed_and_resumed(tmp_path, keras_patterns.gan, images)

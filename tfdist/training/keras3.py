@@ -282,14 +282,23 @@ def _is_default_optimizer(model) -> bool:
     """True if ``model.optimizer`` is the one ``compile()`` makes when given none (RMSprop with
     Keras' defaults): a model with its own optimizers then never uses it (keras.io's GAN calls
     ``super().compile()``), so it is left unbuilt, its slots out of every checkpoint."""
+    import inspect
+
     import keras
+    import numpy as np
 
     optimizer = model.optimizer
     if type(optimizer) is not keras.optimizers.RMSprop:
         return False
+    defaults = inspect.signature(keras.optimizers.RMSprop.__init__).parameters  # no optimizer made to compare
     config = {k: v for k, v in optimizer.get_config().items() if k != "name"}
-    default = {k: v for k, v in keras.optimizers.RMSprop().get_config().items() if k != "name"}
-    return config == default
+
+    def is_default(key, value):  # a float option comes back through a float32 variable
+        default = defaults[key].default if key in defaults else inspect.Parameter.empty
+        return value == default or (isinstance(value, float) and isinstance(default, float)
+                                    and np.float32(value) == np.float32(default))
+
+    return all(is_default(key, value) for key, value in config.items())
 
 
 def _build_own_optimizers(model, strategy, sample: Any, optimizers: list) -> None:

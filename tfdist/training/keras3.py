@@ -253,7 +253,7 @@ def check_labels_for_loss(model, sample: Any) -> None:
     import keras
 
     labelled = isinstance(sample, tuple) and len(sample) >= 2
-    if labelled or not _uses_keras_step(model, "train_step") or keras3_compat.compiled_loss(model) is None:
+    if labelled or not uses_keras_step(model, "train_step") or keras3_compat.compiled_loss(model) is None:
         return
     raise ModelError(
         f"the model {model.name!r} is compiled with a loss, which compares its outputs to labels; received data "
@@ -262,7 +262,7 @@ def check_labels_for_loss(model, sample: Any) -> None:
     )
 
 
-def _uses_keras_step(model, name: str) -> bool:
+def uses_keras_step(model, name: str) -> bool:
     """True if the model's method ``name`` (``train_step``, ``test_step``, ``call``) is Keras' own, not a subclass's."""
     return getattr(type(model), name).__module__.split(".")[0] == "keras"
 
@@ -382,7 +382,7 @@ def prepare_metrics(model, *, strategy, sample: Any) -> None:
     sample = tf.nest.map_structure(tf.convert_to_tensor, sample)
     # A model with a train_step and no call() (keras.io's GAN and VAE) is never built by Keras:
     # its sub-models are. Keras' own symbolic build would call it, and fail.
-    wrapper = not model.built and _uses_keras_step(model, "call") and all(
+    wrapper = not model.built and uses_keras_step(model, "call") and all(
         layer.built for layer in keras_compat.sublayers(model))
     # Keras' symbolic build also builds model.optimizer; prepare() decides that (it may be unused).
     optimizer = model.optimizer if model.optimizer is not None and not model.optimizer.built else None

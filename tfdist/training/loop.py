@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from tfdist import _checks
 from tfdist._logs import without_retracing_warning
 from tfdist.errors import DataError, ModelError
-from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model
+from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model, uses_keras_step
 from tfdist.training.keras_common import LastModelCache, xla_unavailable
 
 log = logging.getLogger("tfdist")
@@ -92,7 +92,7 @@ def _skipping_empty_batches(model, strategy):
     import tensorflow as tf
 
     test_step = model.test_step
-    if type(model).test_step.__module__.split(".")[0] != "keras":
+    if not uses_keras_step(model, "test_step"):
         return test_step
     if _kind(strategy) != "replicated":
         return lambda data: test_step(tf.nest.map_structure(_any_batch_size, data))

@@ -91,7 +91,7 @@ _KNOWN_TF_KERAS_PRIVATE = {
     "_symbolic_build", "_moments", "_copy_trackable_to_cpu", "_get_compile_args", "_steps_per_execution",
     "_jit_compile", "_is_graph_network", "_cluster_coordinator", "_random_generator", "_generator", "_rng_type",
     "_current_learning_rate", "_training_state", "_train_counter", "_supports_tf_logs", "_built",
-    "_chief_worker_only",
+    "_chief_worker_only", "_trackable_children", "_lookup_dependency",
 }
 # Reaching into another module's frames (to find TensorFlow's objects there) is _compat's job too.
 _FRAME_ATTRIBUTES = {"f_locals", "tb_frame"}
@@ -142,7 +142,7 @@ def private_reaches(tree: ast.AST, own: set[str]) -> list[str]:
             found.append(f"{where}: from {node.module} import ...")
         elif isinstance(node, ast.Attribute):
             name = node.attr
-            if name in _FRAME_ATTRIBUTES or name in _KNOWN_TF_KERAS_PRIVATE:
+            if name in _FRAME_ATTRIBUTES or name in _KNOWN_TF_KERAS_PRIVATE or name == "__internal__":
                 found.append(f"{where}: {ast.unparse(node)}")
             elif _private(name) and not _on_self(node) and (
                     isinstance(node.ctx, ast.Store) or name not in own | _STDLIB_PRIVATE):
@@ -198,6 +198,7 @@ def test_every_known_private_name_is_reached_by_compat():
     "strategy._tfdist_name = 'x'",
     "setattr(strategy, '_tfdist_name', 'x')",
     "v = layer._some_new_private",
+    "base = tf.__internal__.tracking.Trackable",
     "self._supports_tf_logs = True",
     "def f(v):\n    def add(x):\n        return x\n    v.assign_add = add",
     "object.__setattr__(tracker, 'update_state', f)",

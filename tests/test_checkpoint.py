@@ -1052,7 +1052,7 @@ def test_a_function_keras_creates_during_a_background_save_does_not_break_it(tmp
     # The same variable names as tf.train.Checkpoint(model=..., optimizer=...), whose checkpoint
     # -- with the functions' nodes -- restores through the view.
     import tensorflow as tf
-    from tfdist.checkpoint import graph
+    from tfdist._compat import tracking
 
     plain = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(tmp_path / "plain" / "ckpt"))
     def keys(checkpoint):
@@ -1061,7 +1061,7 @@ def test_a_function_keras_creates_during_a_background_save_does_not_break_it(tmp
     assert keys(path) == keys(plain) and len(keys(path)) >= 8
     saved = [w.copy() for w in model.get_weights()]
     model.set_weights([w + 1.0 for w in saved])
-    tf.train.Checkpoint(model=graph.model_state(model)).read(plain).assert_existing_objects_matched()
+    tf.train.Checkpoint(model=tracking.model_state(model)).read(plain).assert_existing_objects_matched()
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), saved))
 
 

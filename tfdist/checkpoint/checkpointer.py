@@ -22,7 +22,8 @@ from typing import Any, Mapping, Sequence
 
 from tfdist import _checks, _logs, storage
 from tfdist._compat import tensorflow as tf_compat
-from tfdist.checkpoint import graph, layout, ownership
+from tfdist._compat import tracking
+from tfdist.checkpoint import layout, ownership
 from tfdist.checkpoint.replicas import ReplicaValues, aggregate_saved
 from tfdist.errors import (
     CheckpointError, CheckpointIOError, CheckpointMismatchError, CheckpointTakenOverError, describe,
@@ -190,7 +191,7 @@ class Checkpointer:
         self._replica_metrics = ReplicaValues.of(strategy, state.replica_metrics, name=layout.REPLICA_METRICS)
         self._one_replica_saved = list(state.one_replica_saved)
         children = {
-            layout.MODEL: graph.model_state(state.model), layout.OPTIMIZER: state.optimizer,
+            layout.MODEL: tracking.model_state(state.model), layout.OPTIMIZER: state.optimizer,
             layout.PROGRESS: self.counters.module, layout.RNG: rng, layout.METRICS: self._metrics,
         }
         # The per-replica values and the callbacks' arrays (training.callback_state) are saved with

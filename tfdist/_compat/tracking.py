@@ -1,14 +1,17 @@
 """The model as a checkpoint sees it: its state, without the functions Keras attaches to it.
 
+Reaches TensorFlow's private object-graph protocol: ``tf.__internal__.tracking.Trackable``,
+its ``_trackable_children`` and ``_lookup_dependency``. No public API lets a checkpoint leave
+some of an object's children out. Checked on TensorFlow 2.17.1 and 2.21.0.
+
 Keras tracks the functions it compiles as children of the model that runs them --
 ``predict_function`` at the first ``predict`` (Keras 3 and tf_keras), ``test_function`` at
 the first validation (tf_keras) -- and it creates them when first needed, in the middle of a
 run, for a nested model too (a callback calling ``encoder.predict``). TensorFlow's
-asynchronous save walks the object graph in its writer thread: a function attached between
-the walk's listing of the model's children and its numbering of them made the save fail
-with a ``KeyError`` (seen in CI: a validation at an epoch's end while the save of a step
-was being written). Functions hold no values, so the checkpoint leaves them out: its graph
-then only changes when state is created, which the adapters do before the first save.
+asynchronous save walks the object graph in its writer thread. A function attached between
+the walk's listing of the model's children and its numbering of them fails the save with a
+``KeyError``. Functions hold no values, so the checkpoint leaves them out. Its graph then only
+changes when state is created, which the adapters do before the first save.
 
 The variables' names and the object paths of everything else are those the model itself
 gives; checkpoints written before (with the functions' empty nodes) restore unchanged. Not
@@ -21,6 +24,8 @@ from __future__ import annotations
 import functools
 import threading
 from typing import Any
+
+from tfdist._compat import missing
 
 # The Trackable methods through which an object holds values of its own. An object whose class
 # overrides one is saved as it is: a view forwards children only.
@@ -52,16 +57,30 @@ class _Views:
             return self._made[id(obj)][1]
 
 
+@functools.cache
+def _tracking() -> Any:
+    """TensorFlow's ``tf.__internal__.tracking`` namespace, with the parts used here checked."""
+    import tensorflow as tf
+
+    tracking = getattr(getattr(tf, "__internal__", None), "tracking", None)
+    for name in ("Trackable", "TrackableDataStructure"):
+        if getattr(tracking, name, None) is None:
+            raise missing("tracking.model_state", f"tf.__internal__.tracking.{name}")
+    for name in ("_trackable_children", "_lookup_dependency", *_OWN_VALUES):
+        if not hasattr(tracking.Trackable, name):
+            raise missing("tracking.model_state", f"Trackable.{name}")
+    return tracking
+
+
 def _may_hold_functions(obj: Any) -> bool:
     """A Keras model, or a list or dict of a model's that may hold one, without values of its own.
     Layers and everything else are left as they are: tfdist's root reaches metrics (layers, in
     tf_keras) by another path too, and two objects for one node would warn at restore."""
-    import tensorflow as tf
-
-    container = isinstance(obj, tf.__internal__.tracking.TrackableDataStructure)
+    tracking = _tracking()
+    container = isinstance(obj, tracking.TrackableDataStructure)
     if not (container or callable(getattr(type(obj), "make_predict_function", None))):
         return False
-    base = tf.__internal__.tracking.Trackable
+    base = tracking.Trackable
     return all(getattr(type(obj), name, None) is getattr(base, name) for name in _OWN_VALUES)
 
 
@@ -71,7 +90,7 @@ def _view_class() -> type:
 
     functions = (tf.types.experimental.PolymorphicFunction, tf.types.experimental.ConcreteFunction)
 
-    class StateView(tf.__internal__.tracking.Trackable):
+    class StateView(_tracking().Trackable):
         """An object's checkpoint children, functions left out; restores go to its own
         objects (the view has no values and no dependencies of its own)."""
 

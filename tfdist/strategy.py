@@ -58,16 +58,15 @@ class StrategyOptions:
     they are made.
 
     Attributes:
-      devices: The devices of one machine's replicas, such as ``("/cpu:0", "/cpu:1")``.
-        Defaults to None: ``fit``'s ``devices``, else every GPU, else the CPU.
-      all_reduce: The all-reduce. ``"auto"``, ``"ring"`` or ``"nccl"`` for multi_worker_mirrored.
-        ``"auto"``, ``"nccl"``, ``"hierarchical_copy"`` or ``"reduce_to_one"`` for mirrored.
-        Defaults to ``"auto"``, which is logged.
-      bytes_per_pack: The gradient bytes per all-reduce pack. Defaults to 0: TensorFlow decides.
-      collective_timeout: The seconds after which a collective that does not finish fails. It
-        guards against a peer that is alive but stuck. Defaults to None: no limit.
-      startup_timeout: The seconds to wait for every peer to come up before an error names the
-        missing tasks. Defaults to None: ``TFDIST_STARTUP_TIMEOUT``, else 60.
+      devices: Devices of one machine's replicas, such as ``("/cpu:0", "/cpu:1")``. Defaults to
+        None: ``fit``'s ``devices``, else every GPU, else the CPU.
+      all_reduce: The all-reduce algorithm. [`make_strategy`][tfdist.make_strategy] lists the
+        names each strategy takes. Defaults to ``"auto"``: tfdist picks one and logs it.
+      bytes_per_pack: Gradient bytes per all-reduce pack. Defaults to 0: TensorFlow decides.
+      collective_timeout: Seconds until a collective that has not finished fails, such as one
+        waiting on a stuck peer. Defaults to None: no limit.
+      startup_timeout: Seconds to wait for the cluster's peers before an error names the ones
+        missing. Defaults to None: ``TFDIST_STARTUP_TIMEOUT``, else 60.
 
     Raises:
       StrategyError: A value is of the wrong type or out of range.

@@ -272,7 +272,8 @@ def throughput_child(spec: dict, conn) -> None:
                 "params": int(self.model.count_params()),
             })
 
-    kwargs = dict(checkpoint_dir=directory, save_every_steps=every, keep=keep) if directory else {}
+    kwargs = dict(checkpoint_dir=directory, save_every_steps=every,
+                  checkpoint_options=tfdist.CheckpointOptions(keep=keep)) if directory else {}
     turns.start()
     tfdist.fit(mid_model_builder(spec["features"], spec["width"], spec["depth"]), (x, y), epochs=1,
                batch_size=batch, strategy="one_device", seed=0, verbose=0, callbacks=[Turner()], **kwargs)

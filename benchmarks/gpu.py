@@ -287,7 +287,8 @@ def fit_child(spec: dict, conn) -> None:
     if kind in ("tfdist", "tfrecord"):
         try:
             history = tfdist.fit(builder, source or (x, y), epochs=w["epochs"], batch_size=batch,
-                                 strategy=spec["strategy"], devices=spec["devices"], all_reduce=spec["all_reduce"],
+                                 strategy=spec["strategy"], devices=spec["devices"],
+                                 strategy_options=tfdist.StrategyOptions(all_reduce=spec["all_reduce"]),
                                  mixed_precision=None if precision == "float32" else precision, seed=spec["seed"],
                                  verbose=0, callbacks=[timer])
         except tfdist.StrategyError as e:  # e.g. NCCL on logical GPUs or CPUs: the refusal is the result

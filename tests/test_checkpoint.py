@@ -20,6 +20,8 @@ import threading
 import numpy as np
 import pytest
 
+from tfdist import CheckpointOptions
+
 from conftest import (assert_bit_identical, base_env, checkpoint_tensors, process_state, read_json, same_weights,
                       script_result, wait_for)
 
@@ -425,7 +427,8 @@ def test_a_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path, caplog)
         _fit(tmp_path, epochs=2, data=(_X[:240], _Y[:240]))
     assert _tree_digest(tmp_path) == before
     with caplog.at_level("INFO", logger="tfdist"):
-        changed = _fit(tmp_path, epochs=2, batch_size=30, allow_changes=True)  # deliberate change
+        changed = _fit(tmp_path, epochs=2, batch_size=30,  # deliberate change
+                       checkpoint_options=CheckpointOptions(allow_changes=True))
     assert changed.tfdist.start_step == 15 and changed.tfdist.global_step == 20
     assert caplog.text.count("resuming despite changes") == 1
     assert "saved with micro batches" not in caplog.text  # it says "same step and data order": not so here
@@ -461,12 +464,12 @@ def test_a_checkpoint_past_the_end_of_the_run_asked_for_is_refused_with_the_epoc
     with pytest.raises(CheckpointMismatchError, match=re.escape(
             "is at global step 27, and this run ends at step 20 (epochs=2 at 10 steps per epoch): nothing is left to "
             "train. Fix: pass epochs=3 or more (--epochs) to go on from it")):
-        _fit(tmp_path, epochs=2, batch_size=30, allow_changes=True)
+        _fit(tmp_path, epochs=2, batch_size=30, checkpoint_options=CheckpointOptions(allow_changes=True))
     with pytest.raises(CheckpointMismatchError, match=r"ckpt-27 is at global step 27, and this run ends at step 15 "
                                                       r"\(epochs=1 at 15 steps per epoch\).*pass epochs=2 or more"):
         _fit(tmp_path, epochs=1)
     assert checkpoints() == before
-    going_on = _fit(tmp_path, epochs=3, batch_size=30, allow_changes=True)
+    going_on = _fit(tmp_path, epochs=3, batch_size=30, checkpoint_options=CheckpointOptions(allow_changes=True))
     assert going_on.model is not None and going_on.tfdist.start_step == 27 and going_on.tfdist.global_step == 30
 
 
@@ -485,7 +488,8 @@ def test_a_resume_at_other_steps_per_epoch_records_each_epoch_of_the_run_once(tm
 
     with pytest.raises(_Crash):
         _fit(tmp_path, epochs=3, callbacks=[CrashInThirdEpoch()])
-    resumed = _fit(tmp_path, epochs=3, batch_size=10, allow_changes=True)  # 30 steps an epoch: step 33 is in epoch 1
+    resumed = _fit(tmp_path, epochs=3, batch_size=10,  # 30 steps an epoch: step 33 is in epoch 1
+                   checkpoint_options=CheckpointOptions(allow_changes=True))
     assert resumed.tfdist.start_step == 33 and resumed.tfdist.global_step == 90
     assert resumed.epoch == [0, 1, 2] and len(resumed.history["loss"]) == 3
 
@@ -539,10 +543,12 @@ def test_a_change_of_precision_is_a_change_of_the_run_and_named(tmp_path, caplog
     for allow in (False, True):  # Keras 3's loss-scale optimizer holds other variables: not even deliberately
         with pytest.raises(CheckpointMismatchError, match="written in float32, this run is in mixed_float16; under "
                                                           "Keras 3 mixed_float16's optimizer holds a loss scale"):
-            fit(tmp_path, "mixed_float16", epochs=3, steps_per_epoch=5, allow_changes=allow)
+            fit(tmp_path, "mixed_float16", epochs=3, steps_per_epoch=5,
+                checkpoint_options=CheckpointOptions(allow_changes=allow))
     assert _tree_digest(tmp_path) == before
     with caplog.at_level("WARNING", logger="tfdist"):
-        resumed = fit(tmp_path, "mixed_bfloat16", epochs=3, steps_per_epoch=5, allow_changes=True)
+        resumed = fit(tmp_path, "mixed_bfloat16", epochs=3, steps_per_epoch=5,
+                      checkpoint_options=CheckpointOptions(allow_changes=True))
     assert resumed.tfdist.start_step == 10 and "resuming despite changes (allow_changes): precision:" in caplog.text
     # Checkpoints written before the precision was recorded: the dtypes differ, which is no damage.
     older = tmp_path / "older"
@@ -562,7 +568,7 @@ def test_starting_over_in_a_directory_with_checkpoints_is_refused_and_deletes_no
     before = _tree_digest(tmp_path)
     # A fresh run there would let the retention policy (keep=3) delete the earlier run's checkpoints.
     with pytest.raises(CheckpointError, match=r"resume=False was given but .* holds 3 checkpoint\(s\).*ckpt-15.*Fix:"):
-        _fit(tmp_path, epochs=1, batch_size=10, resume=False)
+        _fit(tmp_path, epochs=1, batch_size=10, checkpoint_options=CheckpointOptions(resume=False))
     assert _tree_digest(tmp_path) == before
     code, out = procs.tfdist("train", "--no-resume", "--checkpoint-dir", str(tmp_path), "--output-dir", str(tmp_path / "out"),
                              timeout=60)
@@ -649,7 +655,7 @@ def test_a_lost_or_damaged_state_file_resumes_from_the_checkpoints_beside_it_and
     with pytest.raises(CheckpointMismatchError, match="global_batch_size: checkpoint 20, this run 30"):
         _fit(tmp_path, epochs=2, batch_size=30)
     with pytest.raises(CheckpointError, match=r"holds 3 checkpoint\(s\).*ckpt-15"):
-        _fit(tmp_path, epochs=2, resume=False)
+        _fit(tmp_path, epochs=2, checkpoint_options=CheckpointOptions(resume=False))
     assert _tree_digest(tmp_path) == before
     with caplog.at_level("WARNING", logger="tfdist"):
         resumed = _fit(tmp_path, epochs=2)
@@ -687,7 +693,7 @@ def test_a_checkpoint_of_the_other_keras_is_refused_even_with_allow_changes(tmp_
     with pytest.raises(CheckpointMismatchError, match=r"another Keras \(keras: checkpoint 'tf_keras', this run "
                                                       r"'keras'\).*Fix: train with tf_keras \(--keras 2"):
         tfdist.fit(keras3, (_X, _Y), epochs=2, batch_size=20, seed=2, strategy="one_device", verbose=0,
-                   checkpoint_dir=str(tmp_path), allow_changes=True)
+                   checkpoint_dir=str(tmp_path), checkpoint_options=CheckpointOptions(allow_changes=True))
     assert _tree_digest(tmp_path) == before
 
 
@@ -710,7 +716,7 @@ def test_checkpoints_of_another_model_under_allow_changes_are_refused_as_such_no
                                                       r"received 3 checkpoint\(s\) that do not match .*Fix: build the "
                                                       r"model and optimizer the run was saved with"):
         tfdist.fit(wider, (_X, _Y), epochs=2, batch_size=20, seed=2, strategy="one_device", verbose=0,
-                   checkpoint_dir=str(tmp_path), allow_changes=True)
+                   checkpoint_dir=str(tmp_path), checkpoint_options=CheckpointOptions(allow_changes=True))
     assert _tree_digest(tmp_path) == before
     # The command line: one line, exit 2 (tfdist launch does not restart it), nothing changed.
     out_dir = tmp_path / "cli"
@@ -745,14 +751,14 @@ def _bytes_of(directory) -> set:
 def test_a_state_file_edited_to_name_an_earlier_checkpoint_rolls_the_run_back_to_it(tmp_path, caplog):
     from tfdist.checkpoint import layout
 
-    done = _fit(tmp_path, epochs=2, keep=5)  # keeps 18, 21, 24, 27 and 30
+    done = _fit(tmp_path, epochs=2, checkpoint_options=CheckpointOptions(keep=5))  # keeps 18, 21, 24, 27 and 30
     before = _bytes_of(tmp_path)
     state = tmp_path / layout.STATE_FILE
     # An operator's roll-back: the first line names ckpt-21 (tf.train.latest_checkpoint's answer).
     state.write_text(state.read_text().replace('model_checkpoint_path: "ckpt-30"', 'model_checkpoint_path: "ckpt-21"'))
     assert [os.path.basename(p) for p in layout.checkpoint_paths(str(tmp_path))] == ["ckpt-18", "ckpt-21"]
     with caplog.at_level("INFO", logger="tfdist"):
-        again = _fit(tmp_path, epochs=2, keep=5)
+        again = _fit(tmp_path, epochs=2, checkpoint_options=CheckpointOptions(keep=5))
     assert again.tfdist.start_step == 21 and again.tfdist.global_step == 30
     assert "names ckpt-21 as its latest checkpoint, before ckpt-24, ckpt-27, ckpt-30: rolling the run back" in caplog.text
     assert same_weights(again.model, done.model)  # deterministic: the same steps again
@@ -769,9 +775,9 @@ def test_a_checkpoint_after_a_hand_written_state_file_is_moved_aside_when_the_la
     # operator's roll-back (the state file written to end at ckpt-27), and ckpt-30 is kept.
     from tfdist.checkpoint import layout
 
-    _fit(tmp_path, epochs=2, keep=5)
+    _fit(tmp_path, epochs=2, checkpoint_options=CheckpointOptions(keep=5))
     layout.write_state(str(tmp_path), [str(tmp_path / f"ckpt-{step}") for step in (18, 21, 24, 27)])
-    again = _fit(tmp_path, epochs=2, keep=5)
+    again = _fit(tmp_path, epochs=2, checkpoint_options=CheckpointOptions(keep=5))
     assert again.tfdist.start_step == 27
     assert len(glob.glob(str(tmp_path / "ckpt-30.*.replaced-*"))) >= 2
 
@@ -794,7 +800,7 @@ def test_a_roll_back_to_a_checkpoint_keep_every_hours_kept_is_refused_not_ignore
     from tfdist.checkpoint import layout
     from tfdist.errors import CheckpointError
 
-    _fit(tmp_path, epochs=1, keep=2, keep_every_hours=1e-9)
+    _fit(tmp_path, epochs=1, checkpoint_options=CheckpointOptions(keep=2, keep_every_hours=1e-9))
     listed = layout.checkpoint_paths(str(tmp_path), listed_only=True)
     assert [layout.step_of(p) for p in listed] == [12, 15] and (tmp_path / "ckpt-6.index").exists()
     state = (tmp_path / "checkpoint").read_text()
@@ -803,19 +809,19 @@ def test_a_roll_back_to_a_checkpoint_keep_every_hours_kept_is_refused_not_ignore
     before = _tree_digest(tmp_path)
     with pytest.raises(CheckpointError, match=r"names ckpt-6 as its latest checkpoint, but does not list it "
                                               r"\(keep_every_hours kept it.*Fix: to go on from it, copy its files"):
-        _fit(tmp_path, epochs=2, keep=2, keep_every_hours=1e-9)
+        _fit(tmp_path, epochs=2, checkpoint_options=CheckpointOptions(keep=2, keep_every_hours=1e-9))
     assert _tree_digest(tmp_path) == before
 
 
 def test_the_latest_checkpoints_deleted_by_hand_leave_the_run_resuming_from_the_newest_one_left(tmp_path, caplog):
     from tfdist.checkpoint import layout
 
-    done = _fit(tmp_path, epochs=2, keep=5)
+    done = _fit(tmp_path, epochs=2, checkpoint_options=CheckpointOptions(keep=5))
     for step in (27, 30):  # the operator removes the checkpoints after a divergence
         for path in glob.glob(str(tmp_path / f"ckpt-{step}.*")):
             os.remove(path)
     with caplog.at_level("INFO", logger="tfdist"):
-        again = _fit(tmp_path, epochs=2, keep=5)
+        again = _fit(tmp_path, epochs=2, checkpoint_options=CheckpointOptions(keep=5))
     assert again.tfdist.start_step == 24 and again.tfdist.global_step == 30
     assert "lists ckpt-27, ckpt-30, whose files are gone: it now lists the checkpoints up to ckpt-24" in caplog.text
     assert same_weights(again.model, done.model)
@@ -1138,13 +1144,14 @@ def test_resuming_removes_an_old_checkpoints_files_its_killed_deletion_left_with
     import shutil
     import time
 
-    _fit(tmp_path, epochs=1, keep=2, keep_every_hours=1e-9)  # ckpt-3, 6, 9 kept by keep_every_hours
+    hourly = CheckpointOptions(keep=2, keep_every_hours=1e-9)
+    _fit(tmp_path, epochs=1, checkpoint_options=hourly)  # ckpt-3, 6, 9 kept by keep_every_hours
     stamp = time.time() - 60
     for suffix in (".data-00000-of-00001", ".tfdist.json"):
         shutil.copy(tmp_path / f"ckpt-12{suffix}", tmp_path / f"ckpt-4{suffix}")  # an index-less ckpt-4
         os.utime(tmp_path / f"ckpt-4{suffix}", (stamp, stamp))
     with caplog.at_level("INFO", logger="tfdist"):
-        assert _fit(tmp_path, epochs=2, keep=2, keep_every_hours=1e-9).tfdist.start_step == 15
+        assert _fit(tmp_path, epochs=2, checkpoint_options=hourly).tfdist.start_step == 15
     names = os.listdir(tmp_path)
     assert not [name for name in names if name.startswith("ckpt-4.")], names
     assert "ckpt-4.data-00000-of-00001" in caplog.text

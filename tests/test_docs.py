@@ -234,7 +234,8 @@ def test_the_style_check_finds_a_run_on_sentence():
 # --- the public API's docstrings ------------------------------------------------------------
 SECTION = re.compile(r"^(?P<indent>\s*)(?P<name>Args|Arguments|Attributes|Returns|Raises|Examples):\s*$")
 EXAMPLE_REQUIRED = {"fit", "evaluate", "predict", "plan", "make_strategy", "TFRecordSource", "ImageFolderSource",
-                    "save_model", "split_cpu", "detect_cluster", "ClusterSpec", "Plan"}
+                    "save_model", "load_model", "split_cpu", "detect_cluster", "ClusterSpec", "Plan",
+                    "CheckpointOptions", "StrategyOptions"}
 
 
 def _own_statements(function: ast.AST):
@@ -307,10 +308,12 @@ def documented(body: list[str]) -> set[str]:
 
 
 def parameters(node: ast.AST) -> list[str]:
-    """What a caller passes: a function's parameters, a class's ``__init__`` or dataclass fields."""
+    """What a caller passes: a function's parameters (``*args`` and ``**kwargs`` too), a class's
+    ``__init__`` or dataclass fields."""
     if isinstance(node, ast.FunctionDef):
         args = node.args
-        return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
+        named = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
+        return named + [a.arg for a in (args.vararg, args.kwarg) if a is not None]
     init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     if init is not None:
         return parameters(init)
@@ -348,8 +351,8 @@ def test_every_public_symbol_documents_every_parameter(name):
         returns = node.returns is not None and ast.unparse(node.returns) not in ("None", "'None'")
         if returns or any(isinstance(n, ast.Return) and n.value is not None for n in _own_statements(node)):
             assert "Returns" in found, f"tfdist.{name} returns a value but has no Returns: section"
-        if any(isinstance(n, ast.Raise) for n in ast.walk(node)):
-            assert "Raises" in found, f"tfdist.{name} raises but has no Raises: section"
+    if _raises(node):
+        assert "Raises" in found, f"tfdist.{name} raises but has no Raises: section"
     if name in EXAMPLE_REQUIRED:
         assert "```python" in "\n".join(found.get("Examples", [])), f"tfdist.{name} has no Examples: section"
     # The members the API reference shows document their parameters too.
@@ -360,6 +363,14 @@ def test_every_public_symbol_documents_every_parameter(name):
         assert method_doc, f"tfdist.{name}.{member} has no docstring"
         have = documented(sections(method_doc).get("Args", []))
         assert set(parameters(method)) <= have, f"tfdist.{name}.{member} does not document {set(parameters(method)) - have}"
+
+
+def _raises(node: ast.AST) -> bool:
+    """Whether a function raises, or a class raises while it is made (``__init__``, ``__post_init__``)."""
+    if isinstance(node, ast.ClassDef):
+        makers = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name in ("__init__", "__post_init__")]
+        return any(_raises(maker) for maker in makers)
+    return any(isinstance(n, ast.Raise) for n in ast.walk(node))
 
 
 def _properties(node: ast.AST) -> set[str]:
@@ -387,6 +398,33 @@ def test_the_docstring_check_catches_a_missing_parameter():
         ''')).body[0]
     names = documented(sections(ast.get_docstring(node))["Args"])
     assert [p for p in parameters(node) if p not in names] == ["b"]
+
+
+def test_the_docstring_check_catches_undocumented_star_parameters_and_a_class_that_raises():
+    function, cls = ast.parse(textwrap.dedent('''\
+        def f(a, *rest, **options):
+            """Does f.
+
+            Args:
+              a: The a.
+              rest: The other a's.
+            """
+
+        class Options:
+            """Options.
+
+            Attributes:
+              size: The size.
+            """
+
+            size: int = 1
+
+            def __post_init__(self):
+                raise ValueError(self.size)
+        ''')).body
+    names = documented(sections(ast.get_docstring(function))["Args"])
+    assert [p for p in parameters(function) if p not in names] == ["options"]
+    assert parameters(cls) == ["size"] and _raises(cls) and "Raises" not in sections(ast.get_docstring(cls))
 
 
 def test_docstring_examples_run(tmp_path):

@@ -34,6 +34,8 @@ _LAZY = {
     "fit": "tfdist.training",
     "evaluate": "tfdist.training",
     "predict": "tfdist.training",
+    "CheckpointOptions": "tfdist.checkpoint.checkpointer",
+    "StrategyOptions": "tfdist.strategy",
     "make_strategy": "tfdist.strategy",
     "split_cpu": "tfdist.strategy",
     "detect_cluster": ("tfdist.cluster", "detect"),
@@ -43,6 +45,7 @@ _LAZY = {
     "TFRecordSource": "tfdist.data.files",
     "ImageFolderSource": "tfdist.data.images",
     "save_model": "tfdist.training.export",
+    "load_model": "tfdist.training.export",
     "export": "tfdist.training.export",
     "is_chief": "tfdist.callbacks",
     "task_role": "tfdist.callbacks",
@@ -54,6 +57,8 @@ __all__ = [
     "fit",
     "evaluate",
     "predict",
+    "CheckpointOptions",
+    "StrategyOptions",
     "make_strategy",
     "split_cpu",
     "detect_cluster",
@@ -63,6 +68,7 @@ __all__ = [
     "TFRecordSource",
     "ImageFolderSource",
     "save_model",
+    "load_model",
     "export",
     "is_chief",
     "task_role",
@@ -94,9 +100,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.training import evaluate, fit, predict
     from tfdist.callbacks import is_chief, task_role
     from tfdist.training.evaluator import run_evaluator
-    from tfdist.training.export import export, save_model
+    from tfdist.checkpoint.checkpointer import CheckpointOptions
+    from tfdist.training.export import export, load_model, save_model
     from tfdist.planning import Plan, plan
-    from tfdist.strategy import make_strategy, split_cpu
+    from tfdist.strategy import StrategyOptions, make_strategy, split_cpu
 
 
 _SUBMODULES = ("callbacks", "tracking")

@@ -51,24 +51,40 @@ MIRRORED_ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
 
 @dataclasses.dataclass(frozen=True)
 class StrategyOptions:
-    """Communication and device settings; each strategy uses the ones that apply to it.
+    """How the strategy places replicas and communicates: settings a strategy uses where they apply.
+
+    Pass it as ``fit(..., strategy_options=tfdist.StrategyOptions(...))``. ``fit``'s own
+    ``devices`` fills ``devices`` when it is left unset here. The options check their values when
+    they are made.
 
     Attributes:
-      devices: explicit devices, e.g. ``("/cpu:0", "/cpu:1")`` for two logical CPUs.
-      all_reduce: ``auto``/``ring``/``nccl`` (multi_worker_mirrored) or
-        ``auto``/``nccl``/``hierarchical_copy``/``reduce_to_one`` (mirrored).
-      bytes_per_pack: gradient bytes per all-reduce pack (0: TensorFlow decides).
-      collective_timeout: seconds after which a collective that does not finish fails
-        (None: no limit). Guards against a peer that is alive but stuck.
-      startup_timeout: seconds to wait for every peer of a cluster to come up before
-        failing with an error naming the missing tasks.
+      devices: Devices of one machine's replicas, such as ``("/cpu:0", "/cpu:1")``. Defaults to
+        None: ``fit``'s ``devices``, else every GPU, else the CPU.
+      all_reduce: The all-reduce algorithm. [`make_strategy`][tfdist.make_strategy] lists the
+        names each strategy takes. Defaults to ``"auto"``: tfdist picks one and logs it.
+      bytes_per_pack: Gradient bytes per all-reduce pack. Defaults to 0: TensorFlow decides.
+      collective_timeout: Seconds until a collective that has not finished fails, such as one
+        waiting on a stuck peer. Defaults to None: no limit.
+      startup_timeout: Seconds to wait for the cluster's peers before an error names the ones
+        missing. Defaults to None: ``TFDIST_STARTUP_TIMEOUT``, else 60.
+
+    Raises:
+      StrategyError: A value is of the wrong type or out of range.
+
+    Examples:
+        ```python
+        import tfdist
+
+        options = tfdist.StrategyOptions(all_reduce="ring", collective_timeout=300)
+        print(options.all_reduce, options.bytes_per_pack)   # ring 0
+        ```
     """
 
     devices: tuple[str, ...] | None = None
     all_reduce: str = "auto"
     bytes_per_pack: int = 0
     collective_timeout: float | None = None
-    startup_timeout: float = env.DEFAULT_STARTUP_TIMEOUT
+    startup_timeout: float | None = None
 
     def __post_init__(self):
         if self.devices is not None:

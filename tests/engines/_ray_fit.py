@@ -23,7 +23,7 @@ def train(config):
     os.environ.update(config["env"])
     history = tfdist.fit(builder("linear", input_shape=(8, 8, 1), num_classes=10), "digits", epochs=2,
                          steps_per_epoch=20, batch_size=32, seed=1, checkpoint_dir=config["checkpoint_dir"],
-                         save_every_steps=5, async_save=False, verbose=0)
+                         save_every_steps=5, checkpoint_options=tfdist.CheckpointOptions(async_save=False), verbose=0)
     s = history.tfdist
     rank = ray.train.get_context().get_world_rank()
     with open(os.path.join(config["checkpoint_dir"], f"result-{rank}.json"), "w") as f:

@@ -34,21 +34,42 @@ log = logging.getLogger("tfdist")
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointOptions:
-    """Where and when to save, and how to resume.
+    """Where and when [`fit`][tfdist.fit] saves, what it keeps, and how it resumes.
+
+    Pass it as ``fit(..., checkpoint_dir=DIR, checkpoint_options=tfdist.CheckpointOptions(...))``.
+    ``fit``'s own ``checkpoint_dir`` and ``save_every_steps`` fill the fields left unset here.
+    The options check their values when they are made.
 
     Attributes:
-      directory: where the chief keeps its checkpoints (must be readable by every worker):
-        a local path or a URL of any TensorFlow filesystem (``gs://bucket/run``).
-      save_every_steps: also save every N global steps (None: only at epoch ends).
-      save_every_seconds: also save when this many seconds passed since the last save.
-      keep: how many recent checkpoints to keep.
-      keep_every_hours: additionally keep one checkpoint every H hours.
-      async_save: write in the background (TensorFlow's async checkpointing).
-      resume: continue from the latest checkpoint in ``directory`` if there is one.
-      allow_changes: resume even if the global batch size, model or data differ.
+      directory: The directory of the checkpoints: a local path or a URL of any TensorFlow
+        filesystem, such as ``gs://bucket/run``. Every worker must read it. Defaults to None:
+        ``fit``'s ``checkpoint_dir``.
+      save_every_steps: Also save every N global steps. Defaults to None: ``fit``'s
+        ``save_every_steps``, else at epoch ends only.
+      save_every_seconds: Also save when this many seconds have passed since the last save.
+        Defaults to None.
+      keep: How many recent checkpoints to keep. Defaults to 3.
+      keep_every_hours: Also keep one checkpoint every this many hours. Defaults to None.
+      async_save: Write checkpoints in the background. Training waits only while the variables
+        are copied. Defaults to True.
+      resume: Continue from the latest checkpoint in ``directory``. Defaults to True. False
+        refuses a directory that already holds checkpoints.
+      allow_changes: Resume a checkpoint whose batch size, model, data, seed, class weights or
+        precision differ. Defaults to False: such a checkpoint is refused.
+
+    Raises:
+      CheckpointError: A value is of the wrong type or out of range.
+
+    Examples:
+        ```python
+        import tfdist
+
+        options = tfdist.CheckpointOptions(keep=5, save_every_seconds=600, allow_changes=True)
+        print(options.keep, options.async_save)   # 5 True
+        ```
     """
 
-    directory: str
+    directory: str | None = None
     save_every_steps: int | None = None
     save_every_seconds: float | None = None
     keep: int = 3
@@ -58,17 +79,21 @@ class CheckpointOptions:
     allow_changes: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
-            raise CheckpointError(
-                f"Invalid `checkpoint_dir`; received checkpoint_dir={self.directory!r}. Fix: pass a directory path."
-            )
-        object.__setattr__(self, "directory", os.fspath(self.directory))
+        if self.directory is not None:
+            if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
+                raise CheckpointError(f"Invalid `checkpoint_dir`; received checkpoint_dir={self.directory!r}. "
+                                      "Fix: pass a directory path.")
+            object.__setattr__(self, "directory", os.fspath(self.directory))
         _checks.check_optional_int("save_every_steps", self.save_every_steps, error=CheckpointError)
         _checks.check_number("save_every_seconds", self.save_every_seconds, error=CheckpointError, unit="seconds",
                              allow_none=True)
         _checks.check_int("keep", self.keep, error=CheckpointError, fix="use a positive number of checkpoints.")
         _checks.check_number("keep_every_hours", self.keep_every_hours, error=CheckpointError, unit="hours",
                              allow_none=True)
+        for flag in ("async_save", "resume", "allow_changes"):
+            if not isinstance(getattr(self, flag), bool):
+                raise CheckpointError(f"Invalid `{flag}`; received {flag}={getattr(self, flag)!r}. "
+                                      "Fix: pass True or False.")
 
 
 class _Counters:
@@ -564,7 +589,8 @@ class Checkpointer:
         if differences and not self.options.allow_changes:
             raise CheckpointMismatchError(
                 f"the checkpoint in {self.options.directory!r} belongs to a different run ({'; '.join(differences)}). "
-                "Fix: use another checkpoint_dir, or pass allow_changes=True (--allow-changes) to continue "
+                "Fix: use another checkpoint_dir, or pass checkpoint_options=tfdist.CheckpointOptions(allow_changes=True) "
+                "(--allow-changes) to continue "
                 "deliberately; the checkpoints were left untouched."
             )
         if differences:

@@ -297,6 +297,8 @@ def run_command(args: argparse.Namespace) -> int:
 
         devices = split_cpu(args.cpu_devices)
     from tfdist import data as data_mod
+    from tfdist.checkpoint import CheckpointOptions
+    from tfdist.strategy import StrategyOptions
     from tfdist.training import fit
 
     # The record index of read-only data directories is cached next to the checkpoints.
@@ -337,16 +339,15 @@ def run_command(args: argparse.Namespace) -> int:
             mixed_precision=args.mixed_precision,
             checkpoint_dir=checkpoint_dir,
             save_every_steps=args.save_every_steps,
-            save_every_seconds=args.save_every_seconds,
-            keep=args.keep,
-            keep_every_hours=args.keep_every_hours,
-            async_save=not args.sync_save,
-            resume=not args.no_resume,
-            allow_changes=args.allow_changes,
+            checkpoint_options=CheckpointOptions(
+                save_every_seconds=args.save_every_seconds, keep=args.keep, keep_every_hours=args.keep_every_hours,
+                async_save=not args.sync_save, resume=not args.no_resume, allow_changes=args.allow_changes,
+            ),
             devices=devices,
-            all_reduce=args.all_reduce,
-            bytes_per_pack=args.bytes_per_pack,
-            collective_timeout=args.collective_timeout,
+            strategy_options=StrategyOptions(
+                all_reduce=args.all_reduce, bytes_per_pack=args.bytes_per_pack,
+                collective_timeout=args.collective_timeout,
+            ),
             cluster=cluster,
         )
     except PreemptedAfterTheEnd as late:  # the run is complete and saved: its model file is written all the same

@@ -161,6 +161,9 @@ class Plan:
         Defaults to 10 GB/s.
       restart_seconds: Seconds from a failure until training runs again. Defaults to 300.
 
+    Raises:
+      PlanError: A value is of the wrong type or out of range.
+
     Examples:
         ```python
         import tfdist

@@ -240,8 +240,39 @@ def keras_of_file(local: str) -> str:
 
 
 def load_model(path: str, *, strategy=None, what: str = "path"):
-    """The model of a ``.keras`` file on any TensorFlow filesystem, loaded with the Keras that wrote
-    it (Keras 3 or tf_keras), its variables created in ``strategy``'s scope (default: none)."""
+    """Loads the model of a ``.keras`` file with the Keras that wrote it, Keras 3 or tf_keras.
+
+    The file may be on any TensorFlow filesystem. Import the modules that register your custom
+    layers, losses or metrics first.
+
+    Args:
+      path: The ``.keras`` file, such as one [`save_model`][tfdist.save_model] wrote: a local path
+        or a URL such as ``gs://bucket/run/model.keras``.
+      strategy: A ``tf.distribute.Strategy`` whose scope holds the model's variables, so that
+        [`evaluate`][tfdist.evaluate] and [`predict`][tfdist.predict] run under it. Defaults to
+        None: no strategy.
+      what: The name of ``path`` in error messages, such as a command-line flag. Defaults to
+        ``"path"``.
+
+    Returns:
+      The model, compiled as it was saved.
+
+    Raises:
+      ModelError: The file is not a Keras model file, does not exist, or uses a class that is not
+        registered.
+      StorageError: No TensorFlow filesystem serves the path's scheme.
+
+    Examples:
+        ```python
+        import keras
+        import tfdist
+
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile("adam", "mse")
+        tfdist.save_model(model, "model.keras")
+        print(tfdist.load_model("model.keras").output_shape)   # (None, 2)
+        ```
+    """
     check_name(path, what=what, reading=True)
     storage.check_supported(path, what=what)
     if not storage.isfile(path):

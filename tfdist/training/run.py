@@ -34,6 +34,7 @@ from tfdist.cluster import EVALUATOR, ClusterSpec, detect
 from tfdist.startup import serve
 from tfdist.errors import (BatchSizeError, CheckpointIOError, CheckpointMismatchError, DataError, ModelError,
                            PeerUnavailableError, describe)
+from tfdist.errors import CheckpointError, StrategyError
 from tfdist.training import model as model_mod
 from tfdist.training.callback_files import ChiefOnlyFiles
 from tfdist.training.callback_state import CallbackState
@@ -73,17 +74,11 @@ def fit(
     mixed_precision: str | None = None,
     checkpoint_dir: str | None = None,
     save_every_steps: int | None = None,
-    save_every_seconds: float | None = None,
-    keep: int = 3,
-    keep_every_hours: float | None = None,
-    async_save: bool = True,
-    resume: bool = True,
-    allow_changes: bool = False,
+    checkpoint_options: CheckpointOptions | None = None,
     devices: Sequence[str] | None = None,
-    all_reduce: str = "auto",
-    bytes_per_pack: int = 0,
-    collective_timeout: float | None = None,
+    strategy_options: strategy_mod.StrategyOptions | None = None,
     cluster: ClusterSpec | None = None,
+    **moved: Any,
 ):
     """Trains ``model`` on ``data`` under the strategy the cluster calls for.
 
@@ -147,25 +142,18 @@ def fit(
         filesystem, such as ``gs://bucket/run``. Every worker must read it. Defaults to None:
         no checkpoints.
       save_every_steps: Also save every N global steps. Defaults to None: at epoch ends only.
-      save_every_seconds: Also save when this many seconds have passed since the last save.
-        Defaults to None.
-      keep: How many recent checkpoints to keep. Defaults to 3.
-      keep_every_hours: Also keep one checkpoint every this many hours. Defaults to None.
-      async_save: Write checkpoints in the background. Training waits only while the variables
-        are copied. Defaults to True.
-      resume: Continue from the latest checkpoint in ``checkpoint_dir``. Defaults to True.
-      allow_changes: Resume a checkpoint whose batch size, model, data, seed, class weights or
-        precision differ. Defaults to False: such a checkpoint is refused.
+      checkpoint_options: A [`CheckpointOptions`][tfdist.CheckpointOptions]: how often to save
+        by the clock, how many checkpoints to keep, background saves, and whether to resume.
+        Defaults to None: its defaults.
       devices: The devices of the replicas of one machine, such as ``["/cpu:0", "/cpu:1"]``.
         Defaults to None: every GPU, else the CPU.
-      all_reduce: The all-reduce: ``"auto"``, ``"nccl"``, ``"ring"`` (several machines),
-        ``"hierarchical_copy"`` or ``"reduce_to_one"`` (one machine). Defaults to ``"auto"``,
-        which is logged.
-      bytes_per_pack: The gradient bytes per all-reduce pack. Defaults to 0: TensorFlow decides.
-      collective_timeout: The seconds after which a collective that does not finish fails.
-        Defaults to None: no limit.
+      strategy_options: A [`StrategyOptions`][tfdist.StrategyOptions]: the all-reduce, its
+        packing, and the timeouts of collectives and of the cluster's start. Defaults to None:
+        its defaults.
       cluster: This task's [`ClusterSpec`][tfdist.ClusterSpec]. Defaults to None: detected by
         [`detect_cluster`][tfdist.detect_cluster].
+      moved: The keywords that belong to an options class, such as ``keep`` or ``all_reduce``.
+        Each is refused with a TypeError that names the class to pass it in.
 
     Returns:
       The History of the model's Keras. Its ``history`` holds every epoch of the run, the ones
@@ -178,13 +166,15 @@ def fit(
       ModelError: The model is not compiled, or cannot train under the strategy.
       DataError: The data cannot be read, or a record or image is damaged.
       CheckpointMismatchError: The checkpoint directory holds another run, and
-        ``allow_changes`` is False.
-      CheckpointError: A checkpoint cannot be written or read.
+        ``checkpoint_options.allow_changes`` is False.
+      CheckpointError: A checkpoint cannot be written or read, or ``checkpoint_dir`` and
+        ``checkpoint_options`` disagree.
       StrategyError: The strategy or its options do not fit the cluster.
       PeerUnavailableError: A peer of the cluster was lost or never came up.
       SystemExit: With code 75 after SIGTERM or SIGUSR1, once the current step is saved.
       KeyboardInterrupt: After Ctrl-C, once the current step is saved. Its ``step`` attribute
         holds the step.
+      TypeError: A keyword is unknown, or belongs to ``CheckpointOptions`` or ``StrategyOptions``.
 
     Examples:
         ```python
@@ -196,21 +186,22 @@ def fit(
             model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
             return model
 
-        history = tfdist.fit(build, "digits", epochs=2, batch_size=64, seed=0, checkpoint_dir="runs/example")
+        history = tfdist.fit(build, "digits", epochs=2, batch_size=64, seed=0, checkpoint_dir="runs/example",
+                             checkpoint_options=tfdist.CheckpointOptions(keep=2))
         print(history.history["val_accuracy"])
         ```
     """
     wall_start = time.monotonic()
+    _refuse_moved("fit", moved)
     versions.warn_if_untested()
     if y is not None:
         data = data_mod.with_labels(data, y)
     _check_arguments(model=model, epochs=epochs, grad_accum_steps=grad_accum_steps, callbacks=callbacks, seed=seed,
                      validation_freq=validation_freq)
     profile_steps = profiling.check_steps(profile_steps, callbacks)
-    options = _checkpoint_options(
-        checkpoint_dir, save_every_steps=save_every_steps, save_every_seconds=save_every_seconds, keep=keep,
-        keep_every_hours=keep_every_hours, async_save=async_save, resume=resume, allow_changes=allow_changes,
-    )
+    options = _checkpoint_options(checkpoint_dir, save_every_steps, checkpoint_options)
+    checkpoint_dir = options.directory if options is not None else None
+    strategy_options = _strategy_options(devices, strategy_options)
     # 1. Cluster and strategy.
     cluster = detect() if cluster is None else cluster
     if cluster.task_type == EVALUATOR:  # the sidecar: scores the checkpoints the workers write
@@ -230,8 +221,7 @@ def fit(
             seed = _seed(seed, deterministic=deterministic, recorded=recorded)
             strategy = _strategy_built_in(model, strategy)
             strat = strategy_mod.make_strategy(
-                strategy, cluster=cluster, devices=devices, all_reduce=all_reduce, bytes_per_pack=bytes_per_pack,
-                collective_timeout=collective_timeout,
+                strategy, cluster=cluster, **dataclasses.asdict(strategy_options),
             )
             traits = strategy_mod.traits(strat, cluster)
             model_mod.check_precision(mixed_precision, strategy=traits.name)
@@ -363,14 +353,77 @@ def _check_arguments(*, model, epochs, grad_accum_steps, callbacks, validation_f
     model_mod.check_callbacks(callbacks)
 
 
-def _checkpoint_options(checkpoint_dir, **kwargs) -> CheckpointOptions | None:
-    """The checkpoint options (validated, the directory's filesystem too), or None without a
-    checkpoint directory."""
-    if checkpoint_dir is None:
-        return None
-    options = CheckpointOptions(directory=checkpoint_dir, **kwargs)
+_MOVED = {
+    **dict.fromkeys(("save_every_seconds", "keep", "keep_every_hours", "async_save", "resume", "allow_changes"),
+                    ("checkpoint_options", "CheckpointOptions")),
+    **dict.fromkeys(("all_reduce", "bytes_per_pack", "collective_timeout", "startup_timeout"),
+                    ("strategy_options", "StrategyOptions")),
+}
+"""Keywords that belong to an options class -> (the argument that takes it, the class)."""
+
+
+def _refuse_moved(function: str, moved: Mapping[str, Any]) -> None:
+    """Raises a one-line TypeError for keywords ``function`` does not take, naming the options
+    class that takes each of them."""
+    if not moved:
+        return
+    unknown = [name for name in moved if name not in _MOVED]
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}. Fix: see "
+                        f"help(tfdist.{function}) for the keywords it takes.")
+    fixes = {}
+    for name, value in moved.items():
+        argument, cls = _MOVED[name]
+        fixes.setdefault((argument, cls), []).append(f"{name}={value!r}")
+    received = ", ".join(f"{name}={value!r}" for name, value in moved.items())
+    fix = " and ".join(f"{argument}=tfdist.{cls}({', '.join(given)})" for (argument, cls), given in fixes.items())
+    raise TypeError(f"{function}() takes {', '.join(moved)} in an options class, not as a keyword; received "
+                    f"{received}. Fix: pass {fix}.")
+
+
+def _checkpoint_options(checkpoint_dir, save_every_steps, options: CheckpointOptions | None) -> CheckpointOptions | None:
+    """``options`` completed by fit's own keywords, validated with the directory's filesystem, or
+    None without a checkpoint directory."""
+    if options is not None and not isinstance(options, CheckpointOptions):
+        raise CheckpointError(f"Invalid `checkpoint_options`; received {type(options).__name__}. Fix: pass "
+                              "tfdist.CheckpointOptions(...), or None.")
+    if options is None:
+        if checkpoint_dir is None:
+            return None
+        options = CheckpointOptions()
+    directory = _one_of("checkpoint_dir", checkpoint_dir, "checkpoint_options.directory", options.directory,
+                        CheckpointError)
+    if directory is None:
+        raise CheckpointError("checkpoint_options was given without a directory; received "
+                              "checkpoint_dir=None. Fix: pass checkpoint_dir=DIR to fit.")
+    every = _one_of("save_every_steps", save_every_steps, "checkpoint_options.save_every_steps", options.save_every_steps,
+                    CheckpointError)
+    options = dataclasses.replace(options, directory=directory, save_every_steps=every)
     storage.check_supported(options.directory)
     return options
+
+
+def _strategy_options(devices, options) -> strategy_mod.StrategyOptions:
+    """``options`` completed by fit's ``devices``, validated."""
+    if options is not None and not isinstance(options, strategy_mod.StrategyOptions):
+        raise StrategyError(f"Invalid `strategy_options`; received {type(options).__name__}. Fix: pass "
+                            "tfdist.StrategyOptions(...), or None.")
+    options = options if options is not None else strategy_mod.StrategyOptions()
+    if devices is not None:
+        devices = strategy_mod.StrategyOptions(devices=devices).devices  # validated, as a tuple
+    return dataclasses.replace(options, devices=_one_of("devices", devices, "strategy_options.devices", options.devices,
+                                                        StrategyError))
+
+
+def _one_of(keyword: str, value, field: str, in_options, error: type[Exception]):
+    """The value of fit's ``keyword`` or of the options' ``field``: the one given, or both if equal."""
+    if value is None or in_options is None:
+        return in_options if value is None else value
+    given = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if given != in_options:
+        raise error(f"`{keyword}` and `{field}` differ; received {keyword}={value!r} and {field}={in_options!r}. "
+                    "Fix: give it once, to fit or in the options.")
+    return in_options
 
 
 # --- 1. cluster and strategy -----------------------------------------------------------------

@@ -425,7 +425,7 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     )
     plan = data_mod.make_plan(
         source, sizes, steps_per_epoch=steps_per_epoch, epochs=epochs, seed=seed, shuffle=shuffle,
-        parameter_server=strat.per_worker_input, num_workers=traits.step_tasks,
+        per_worker=strat.per_worker_input, num_workers=traits.step_tasks,
         recorded_order=recorded.data_order if recorded is not None else None, strategy=strat,
     )
     log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), plan.steps_per_epoch, epochs)
@@ -634,7 +634,7 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
         if checkpointer is not None:
             checkpointer.before_save.append(train.save)
     elif strat.per_worker_input:
-        train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True,
+        train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, per_worker=True,
                                                         class_weight=shape.class_weight))
     else:
         train = strat.distribute_datasets_from_function(_endless(data_mod.dataset_fn(
@@ -643,7 +643,7 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
     if shape.validation is None:
         return train, None, None
     validation, steps = data_mod.validation_input(shape.validation, sizes, strategy=strat,
-                                                  parameter_server=strat.per_worker_input)
+                                                  per_worker=strat.per_worker_input)
     if strat.per_worker_input:
         validation = adapter.validation_for_workers(validation)
     return train, validation, steps

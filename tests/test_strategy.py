@@ -185,6 +185,31 @@ def test_central_storage_gives_keras_variables_an_aggregation_in_its_building_sc
     assert plain.aggregation == tf.VariableAggregation.NONE
 
 
+def test_fit_trains_under_a_name_the_strategy_object_or_a_users_own_tensorflow_strategy():
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist
+
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+
+    def build():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    made = strategy.make_strategy("one_device", cluster=ClusterSpec())
+    users = tf.distribute.MirroredStrategy(["/cpu:0"])
+    for given, tf_strategy, name, all_reduce in (("one_device", made.tf, "one_device", None),
+                                                 (made, made.tf, "one_device", None),
+                                                 (users, users, "mirrored", None)):  # TensorFlow chose its all-reduce
+        history = tfdist.fit(build, x, y, epochs=1, batch_size=8, strategy=given, seed=0, verbose=0)
+        assert history.model.distribute_strategy is tf_strategy
+        assert (history.tfdist.strategy, history.tfdist.all_reduce) == (name, all_reduce)
+
+
 class _NotAStrategy:
     pass
 

@@ -44,8 +44,8 @@ log = logging.getLogger("tfdist")
 __all__ = ["CENTRAL_STORAGE", "MIRRORED", "MIRRORED_ALL_REDUCE", "MULTI_WORKER_ALL_REDUCE", "MULTI_WORKER_MIRRORED",
            "MAX_CPU_DEVICES", "NAMES", "NO_ALL_REDUCE", "ONE_DEVICE", "PARAMETER_SERVER", "Choice", "Strategy",
            "StrategyOptions", "Traits", "all_reduce_for", "choose", "choose_all_reduce", "cross_device_ops",
-           "local_gpus", "make_strategy", "nccl_unavailable_reason", "resolve_name", "split_cpu", "traits", "trains_here",
-           "wrap"]
+           "local_gpus", "make_strategy", "nccl_unavailable_reason", "resolve_name", "split_cpu", "traits",
+           "trains_here", "wrap"]
 
 MULTI_WORKER_ALL_REDUCE = ("auto", "ring", "nccl")
 MIRRORED_ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")

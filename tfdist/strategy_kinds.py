@@ -316,7 +316,8 @@ class CentralStorage(Strategy):
             ):
                 dtype = kwargs.get("dtype")
                 floating = dtype is not None and tf.as_dtype(dtype).is_floating
-                kwargs["aggregation"] = tf.VariableAggregation.MEAN if floating else tf.VariableAggregation.ONLY_FIRST_REPLICA
+                kwargs["aggregation"] = (tf.VariableAggregation.MEAN if floating
+                                         else tf.VariableAggregation.ONLY_FIRST_REPLICA)
             return next_creator(**kwargs)
 
         with self._tf.scope(), tf.variable_creator_scope(creator):

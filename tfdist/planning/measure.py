@@ -180,7 +180,8 @@ def measure_step_time(
 
     ``model`` is a built-in name or a saved-model path, built or loaded with ``keras``
     (``"3"``: Keras 3, ``import keras``, the default; ``"2"``: tf_keras) under ``strategy`` (a
-    name, the strategy ``make_strategy`` returned, or a ``tf.distribute.Strategy``); or a model object, trained as is without a strategy, whose own Keras is measured
+    name, the strategy ``make_strategy`` returned, or a ``tf.distribute.Strategy``); or a model
+    object, trained as is without a strategy, whose own Keras is measured
     (``keras`` is then ignored). A Keras 3 model runs tfdist's own training loop
     (``training.loop.run_loop``, what ``tfdist.fit`` trains Keras 3 models with); a tf_keras
     model runs plain tf_keras ``model.fit``.

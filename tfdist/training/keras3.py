@@ -75,10 +75,11 @@ def check_ema_overwrite(optimizer, strategy) -> None:
     frequency = getattr(optimizer, "ema_overwrite_frequency", None)
     if getattr(optimizer, "use_ema", False) and frequency:
         raise ModelError(
-            f"Keras 3 cannot write the optimizer's moving averages into the model every few steps under {strategy.name} (in "
-            f"its own fit too: merge_call inside a cond); received {type(optimizer).__name__}(use_ema=True, "
-            f"ema_overwrite_frequency={frequency}). Fix: pass ema_overwrite_frequency=None (the averages are then "
-            "written at the end of training), or train on one device."
+            "Keras 3 cannot write the optimizer's moving averages into the model every few steps under "
+            f"{strategy.name} (in its own fit too: merge_call inside a cond); received "
+            f"{type(optimizer).__name__}(use_ema=True, ema_overwrite_frequency={frequency}). Fix: pass "
+            "ema_overwrite_frequency=None (the averages are then written at the end of training), or train on one "
+            "device."
         )
 
 
@@ -184,7 +185,8 @@ def prepare(model, *, strategy, sample: Any, grad_accum_steps: int = 1) -> None:
     keras_steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
     if keras_steps and not isinstance(strategy.tf, tf.distribute.OneDeviceStrategy):
         raise ModelError(
-            f"the optimizer's own gradient accumulation fails under {type(strategy.tf).__name__} (keras-team/keras#20582); "
+            f"the optimizer's own gradient accumulation fails under {type(strategy.tf).__name__} "
+            "(keras-team/keras#20582); "
             f"received gradient_accumulation_steps={keras_steps}. Fix: drop it from the optimizer and pass "
             "grad_accum_steps to tfdist, which accumulates exactly under every synchronous strategy."
         )

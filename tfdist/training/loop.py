@@ -285,7 +285,8 @@ def run_loop(
     if scheduled != (coordinator is not None):
         raise DataError(
             f"a ClusterCoordinator goes with parameter_server and only with it; received coordinator={coordinator!r} "
-            f"under {type(strategy.tf).__name__}. Fix: pass the coordinator that schedules this strategy's steps, or none."
+            f"under {type(strategy.tf).__name__}. Fix: pass the coordinator that schedules this strategy's steps, "
+            "or none."
         )
     if scheduled and validation_data is not None and validation_steps is None:
         raise DataError(

@@ -219,3 +219,64 @@ def test_the_private_reach_check_catches(source):
 ])
 def test_the_private_reach_check_leaves_tfdist_own_names_alone(source):
     assert not private_reaches(ast.parse(source), _OWN | {"_cache", "_parse"})
+
+
+# --- strategy names: only the strategy modules compare them ------------------------------------------------------
+
+_STRATEGY_NAMES = {"one_device", "mirrored", "multi_worker_mirrored", "central_storage", "parameter_server"}
+_STRATEGY_NAME_CONSTANTS = {"ONE_DEVICE", "MIRRORED", "MULTI_WORKER_MIRRORED", "CENTRAL_STORAGE", "PARAMETER_SERVER"}
+# Where names are defined and resolved: the registry, the auto rule and each kind's class.
+_NAMING_MODULES = ("tfdist.strategy", "tfdist.strategy_kinds")
+
+
+def _names_a_strategy(node: ast.AST) -> bool:
+    """True for a strategy name's literal or constant, or a tuple, list or set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in _STRATEGY_NAMES
+    if isinstance(node, ast.Name):
+        return node.id in _STRATEGY_NAME_CONSTANTS
+    if isinstance(node, ast.Attribute):
+        return node.attr in _STRATEGY_NAME_CONSTANTS
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_strategy(element) for element in node.elts)
+    return False
+
+
+def strategy_name_comparisons(tree: ast.AST) -> list[str]:
+    """Where ``tree`` compares something with a strategy name (``==``, ``!=``, ``in``, ``not in``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            if any(_names_a_strategy(operand) for operand in (node.left, *node.comparators)):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n not in _NAMING_MODULES and not n.startswith(_COMPAT)))
+def test_no_module_but_the_strategy_ones_branches_on_a_strategy_name(name):
+    hits = strategy_name_comparisons(ast.parse(MODULES[name].read_text()))
+    assert not hits, (f"{name} compares strategy names: {hits}. Fix: ask the strategy object "
+                      "(tfdist.strategy_kinds.Strategy) what its kind means, e.g. strategy.coordinated")
+
+
+@pytest.mark.parametrize("source", [
+    "if name == 'parameter_server': pass",
+    "x = kind != \"central_storage\"",
+    "x = name in (strategy_mod.ONE_DEVICE, strategy_mod.PARAMETER_SERVER)",
+    "x = strategy_mod.name_of(s) == strategy_mod.CENTRAL_STORAGE",
+    "x = MIRRORED == name",
+    "x = name not in ['mirrored']",
+])
+def test_the_strategy_name_check_catches(source):
+    assert strategy_name_comparisons(ast.parse(source))
+
+
+@pytest.mark.parametrize("source", [
+    "x = strategy.coordinated",
+    "x = kind is strategy_mod.KINDS.get(name)",
+    "log.info('under parameter_server')",
+    "x = name == 'auto'",
+])
+def test_the_strategy_name_check_leaves_other_code_alone(source):
+    assert not strategy_name_comparisons(ast.parse(source))

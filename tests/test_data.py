@@ -143,8 +143,8 @@ def test_a_far_position_is_reached_without_replaying_the_epoch():
 def test_parameter_server_workers_take_interleaved_whole_steps_forever():
     source, plan = _source(40), _plan(global_batch=8, replicas=1, spe=5, epochs=1)
     full = _labels(data.dataset_fn(source, _plan(global_batch=8, replicas=1, spe=5, epochs=4), start_step=0, stop_step=20)(None))
-    w0 = data.dataset_fn(source, plan, start_step=3, parameter_server=True)(_Context(2, 0))
-    w1 = data.dataset_fn(source, plan, start_step=3, parameter_server=True)(_Context(2, 1))
+    w0 = data.dataset_fn(source, plan, start_step=3, per_worker=True)(_Context(2, 0))
+    w1 = data.dataset_fn(source, plan, start_step=3, per_worker=True)(_Context(2, 1))
     got0 = _labels(w0.take(6))
     got1 = _labels(w1.take(6))
     assert got0 == full[3:15:2] and got1 == full[4:16:2]  # past the run's end it keeps cycling epochs
@@ -204,7 +204,7 @@ def _check_reading_on(length):
         for start in (3, 7, 11):  # resumed mid-epoch, in the second pass
             assert _labels(data.dataset_fn(source, plan, start_step=start, stop_step=plan.total_steps)(None)) \
                 == full[start:]
-        ps = data.dataset_fn(source, plan, start_step=2, parameter_server=True)  # worker w: steps 2 + w, + 2, ...
+        ps = data.dataset_fn(source, plan, start_step=2, per_worker=True)  # worker w: steps 2 + w, + 2, ...
         assert [_labels(ps(_Context(2, w)).take(4)) for w in (0, 1)] == [full[2:10:2], full[3:11:2]]
     # A run recorded before streams were read on (no "stream" in its order) resumes as it began: an epoch per pass.
     plan = data.make_plan(source, sizes, steps_per_epoch=5, epochs=3, seed=3, shuffle=False,
@@ -293,11 +293,11 @@ def test_arrays_stay_out_of_the_graph_except_under_parameter_servers(monkeypatch
     ds = data.dataset_fn(source, plan, start_step=0, stop_step=5)(None)
     assert len(ds._as_serialized_graph().numpy()) < 100_000  # gathered from the NumPy arrays in place
     assert [y.tolist() for _, y in ds.as_numpy_iterator()] == _labels(ds)
-    embedded = data.dataset_fn(source, plan, start_step=0, parameter_server=True)(_Context(1, 0))
+    embedded = data.dataset_fn(source, plan, start_step=0, per_worker=True)(_Context(1, 0))
     assert len(embedded._as_serialized_graph().numpy()) > 4_000_000
     monkeypatch.setattr(data.arrays, "MAX_EMBEDDED_BYTES", 1 << 20)
     with pytest.raises(DataError, match=r"4 MiB is too large to send to parameter-server workers.*TFRecordSource"):
-        data.dataset_fn(source, plan, start_step=0, parameter_server=True)(_Context(1, 0))
+        data.dataset_fn(source, plan, start_step=0, per_worker=True)(_Context(1, 0))
 
 
 def test_the_order_is_a_seeded_permutation_computed_per_position():

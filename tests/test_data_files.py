@@ -209,15 +209,15 @@ def test_steps_per_epoch_is_equal_on_every_worker_and_given_values_are_checked(s
 
 
 def test_parameter_server_workers_each_read_their_own_stream(source):
-    plan = _plan(source, replicas=1, batch=16, parameter_server=True, num_workers=2)
+    plan = _plan(source, replicas=1, batch=16, per_worker=True, num_workers=2)
     assert plan.layout.streams == 2 and plan.steps_per_epoch % 2 == 0
-    single = _ids(data.dataset_fn(source, plan, start_step=0, parameter_server=True)(_Context(1, 0)).take(14))
-    w0 = _ids(data.dataset_fn(source, plan, start_step=3, parameter_server=True)(_Context(2, 0)).take(5))
-    w1 = _ids(data.dataset_fn(source, plan, start_step=3, parameter_server=True)(_Context(2, 1)).take(5))
+    single = _ids(data.dataset_fn(source, plan, start_step=0, per_worker=True)(_Context(1, 0)).take(14))
+    w0 = _ids(data.dataset_fn(source, plan, start_step=3, per_worker=True)(_Context(2, 0)).take(5))
+    w1 = _ids(data.dataset_fn(source, plan, start_step=3, per_worker=True)(_Context(2, 1)).take(5))
     assert w0 == single[3:13:2] and w1 == single[4:14:2]
     R = plan.layout.block_records
-    unshuffled = _plan(source, replicas=1, batch=16, parameter_server=True, num_workers=2, shuffle=False)
-    w1 = _ids(data.dataset_fn(source, unshuffled, start_step=0, parameter_server=True)(_Context(2, 1)).take(6))
+    unshuffled = _plan(source, replicas=1, batch=16, per_worker=True, num_workers=2, shuffle=False)
+    w1 = _ids(data.dataset_fn(source, unshuffled, start_step=0, per_worker=True)(_Context(2, 1)).take(6))
     assert all((i // R) % 2 == 1 for i in sum(w1, []))  # worker 1 runs odd steps: stream 1's blocks
 
 
@@ -461,7 +461,7 @@ def test_tfds_array_record_is_read_by_index_in_an_exact_global_shuffle(tmp_path)
     resumed = list(data.dataset_fn(train, plan, start_step=7, stop_step=plan.total_steps)(None).as_numpy_iterator())
     np.testing.assert_array_equal(np.concatenate([y for _, y in resumed]), y_all[order[7 * 16:len(got)]])
     with pytest.raises(DataError, match="parameter-server workers cannot run"):
-        data.dataset_fn(train, plan, start_step=0, parameter_server=True)(_Context(1, 0))
+        data.dataset_fn(train, plan, start_step=0, per_worker=True)(_Context(1, 0))
 
 
 def test_an_indexed_source_reads_an_empty_batch_with_the_types_it_declares():

@@ -404,7 +404,7 @@ def program_parameter_server():
     import keras
 
     strategy = tfdist.make_strategy("parameter_server")
-    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    coordinator = strategy.coordinator  # the ClusterCoordinator of the strategy, made once
     with keras3_loop.building_scope(strategy):
         model = _model(dropout=0.2)
     x, y = _data()

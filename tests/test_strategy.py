@@ -92,11 +92,150 @@ def test_one_device_is_made_once_and_reused():
     import tensorflow as tf
 
     first = strategy.make_strategy("one_device", cluster=ClusterSpec())
-    assert isinstance(first, tf.distribute.OneDeviceStrategy)
+    assert isinstance(first, strategy.OneDevice) and isinstance(first.tf, tf.distribute.OneDeviceStrategy)
     assert strategy.make_strategy("one_device", cluster=ClusterSpec()) is first
-    assert strategy.name_of(first) == "one_device"
+    assert first.name == "one_device"
+    assert strategy.make_strategy(first) is first
+    assert strategy.make_strategy(first.tf) is first  # the strategy tfdist made for it, not a second wrapper
     ready = tf.distribute.OneDeviceStrategy("/cpu:0")
-    assert strategy.make_strategy(ready) is ready and strategy.name_of(ready) == "one_device"
+    wrapped = strategy.make_strategy(ready)
+    assert wrapped.tf is ready and wrapped.name == "one_device" and wrapped.all_reduce is None
+
+
+# --- the strategy object -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, coordinated, per_worker, replica_variables, aggregating, concurrent, merge_call", [
+    ("one_device", False, False, True, False, False, False),
+    ("mirrored", False, False, True, False, False, True),
+    ("multi_worker_mirrored", False, False, True, False, False, True),
+    ("central_storage", False, False, False, True, False, True),
+    ("parameter_server", True, True, False, False, True, False),
+])
+def test_each_kind_answers_what_it_means_for_training(name, coordinated, per_worker, replica_variables, aggregating,
+                                                      concurrent, merge_call):
+    kind = strategy.KINDS[name]
+    assert kind.name == name
+    assert (kind.coordinated, kind.per_worker_input, kind.replica_variables, kind.aggregating_variables,
+            kind.concurrent_updates, kind.merge_call_in_step) == (
+        coordinated, per_worker, replica_variables, aggregating, concurrent, merge_call)
+
+
+@pytest.mark.parametrize("name, config, traits, trains_on_worker", [
+    ("one_device", None, (False, 1, False), True),
+    ("mirrored", ONE, (False, 1, False), True),
+    ("multi_worker_mirrored", MW, (False, 2, True), True),
+    ("multi_worker_mirrored", ONE, (False, 1, False), True),
+    ("parameter_server", PS, (True, 2, False), False),
+])
+def test_traits_follow_the_kind_and_the_cluster(name, config, traits, trains_on_worker):
+    cluster = parse_tf_config(config) if config else ClusterSpec()
+    made = strategy.KINDS[name](object(), cluster=cluster)  # the traits need no TensorFlow strategy
+    got = made.traits
+    assert got.name == name and (got.coordinated, got.step_tasks, got.multi_process) == traits
+    assert got.synchronous is not got.coordinated
+    worker = parse_tf_config({**(config or MW), "task": {"type": "worker", "index": 0}})
+    assert strategy.KINDS[name].trains_on(worker) is trains_on_worker
+    assert strategy.trains_here(name, worker) is trains_on_worker if name != "one_device" else True
+
+
+def test_xla_is_refused_where_the_kind_cannot_compile_the_step():
+    ring = strategy.MultiWorkerMirrored(object(), cluster=ClusterSpec(), all_reduce="ring")
+    assert "ring all-reduce" in ring.xla_unavailable()
+    assert strategy.MultiWorkerMirrored(object(), cluster=ClusterSpec(), all_reduce="nccl").xla_unavailable() is None
+
+
+def test_a_users_own_tensorflow_strategy_is_wrapped_by_its_class():
+    import tensorflow as tf
+
+    for tf_strategy, kind in ((tf.distribute.OneDeviceStrategy("/cpu:0"), strategy.OneDevice),
+                              (tf.distribute.MirroredStrategy(["/cpu:0"]), strategy.Mirrored),
+                              (tf.distribute.get_strategy(), strategy.OneDevice)):  # the default: no scope entered
+        wrapped = strategy.wrap(tf_strategy, cluster=ClusterSpec())
+        assert type(wrapped) is kind and wrapped.tf is tf_strategy and wrapped.all_reduce is None
+        assert strategy.wrap(wrapped) is wrapped
+        assert strategy.traits(tf_strategy, ClusterSpec()).name == kind.name
+
+
+def test_the_object_hands_tensorflows_api_to_its_strategy():
+    import tensorflow as tf
+
+    made = strategy.make_strategy("one_device", cluster=ClusterSpec())
+    with made.scope():
+        assert tf.distribute.get_strategy() is made.tf
+    assert made.num_replicas_in_sync == made.tf.num_replicas_in_sync == 1
+    result = made.run(lambda x: x * 2, args=(tf.constant(3),))
+    assert int(made.reduce(tf.distribute.ReduceOp.SUM, result, axis=None)) == 6
+    assert made.sum_over_workers([1, 0, 5]) == [1, 0, 5]  # one worker: its own values
+    assert made.coordinator is None and made.call_as_step(lambda x: x + 1, tf.constant(1)) == 2
+    assert "OneDevice(OneDeviceStrategy, 1 replica(s))" == repr(made)
+
+
+def test_central_storage_gives_keras_variables_an_aggregation_in_its_building_scope():
+    import tensorflow as tf
+
+    made = strategy.make_strategy("central_storage", cluster=ClusterSpec())
+    with made.building_scope():
+        statistic = tf.Variable(1.0, trainable=False, dtype=tf.float32)  # Keras names the dtype
+        seed = tf.Variable(1, trainable=False, dtype=tf.int64)
+    with made.scope():
+        plain = tf.Variable(1.0, trainable=False)
+    assert statistic.aggregation == tf.VariableAggregation.MEAN
+    assert seed.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA
+    assert plain.aggregation == tf.VariableAggregation.NONE
+
+
+def test_fit_trains_under_a_name_the_strategy_object_or_a_users_own_tensorflow_strategy():
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist
+
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+
+    def build():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    made = strategy.make_strategy("one_device", cluster=ClusterSpec())
+    users = tf.distribute.MirroredStrategy(["/cpu:0"])
+    for given, tf_strategy, name, all_reduce in (("one_device", made.tf, "one_device", None),
+                                                 (made, made.tf, "one_device", None),
+                                                 (users, users, "mirrored", None)):  # TensorFlow chose its all-reduce
+        history = tfdist.fit(build, x, y, epochs=1, batch_size=8, strategy=given, seed=0, verbose=0)
+        assert history.model.distribute_strategy is tf_strategy
+        assert (history.tfdist.strategy, history.tfdist.all_reduce) == (name, all_reduce)
+
+
+class _NotAStrategy:
+    pass
+
+
+@pytest.mark.parametrize("given, message", [
+    (42, "Invalid `strategy`; received int. Fix: "),
+    (_NotAStrategy(), "Invalid `strategy`; received _NotAStrategy. Fix: "),
+])
+def test_bad_strategies_are_refused_in_one_line(given, message):
+    for call in (strategy.wrap, strategy.make_strategy):
+        with pytest.raises(StrategyError) as error:
+            call(given)
+        assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_tensorflow_strategy_of_an_unknown_class_is_refused_in_one_line():
+    import tensorflow as tf
+
+    class OwnStrategy(tf.distribute.Strategy):
+        def __init__(self):  # no extended: only its class matters here
+            pass
+
+    with pytest.raises(StrategyError, match=r"^tfdist runs under tf.distribute's OneDeviceStrategy, .*; received a "
+                                            r"OwnStrategy\. Fix: ") as error:
+        strategy.wrap(OwnStrategy())
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(

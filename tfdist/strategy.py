@@ -10,9 +10,9 @@ The ``auto`` rule (``choose``) decides from the detected cluster, in this order:
 
 ``central_storage`` is only chosen by name. Every choice is logged once with its reason.
 
-``traits`` answers what a strategy means for the training loop (is it synchronous, does a
-coordinator schedule the steps, how many processes run them), and ``trains_here`` whether
-this task trains or serves, so that callers never branch on strategy names.
+``make_strategy`` returns a tfdist ``Strategy`` (``strategy_kinds``): one class per kind, which
+answers what the kind means for training (its ``traits``, its input, its steps, its variables).
+``trains_here`` says whether this task trains or serves. So callers never branch on strategy names.
 
 The all-reduce of ``mirrored`` and ``multi_worker_mirrored`` is tfdist's own decision too
 (``choose_all_reduce``): ``auto`` picks NCCL for several GPUs, a reduction to one device
@@ -29,21 +29,23 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from tfdist import env
 from tfdist._compat import tensorflow as tf_compat
-from tfdist.cluster import CHIEF, PS, WORKER, ClusterSpec, detect
+from tfdist.cluster import CHIEF, PS, ClusterSpec, detect
 from tfdist.errors import StrategyError
 from tfdist.startup import startup_watchdog, wait_for_peers
+from tfdist.strategy_kinds import (CENTRAL_STORAGE, KINDS, MIRRORED, MULTI_WORKER_MIRRORED, NAMES, ONE_DEVICE,
+                                   PARAMETER_SERVER, CentralStorage, Mirrored, MultiWorkerMirrored, OneDevice,
+                                   ParameterServer, Strategy, Traits, keep, wrap)
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
 log = logging.getLogger("tfdist")
 
-ONE_DEVICE = "one_device"
-MIRRORED = "mirrored"
-MULTI_WORKER_MIRRORED = "multi_worker_mirrored"
-CENTRAL_STORAGE = "central_storage"
-PARAMETER_SERVER = "parameter_server"
-NAMES = (ONE_DEVICE, MIRRORED, MULTI_WORKER_MIRRORED, CENTRAL_STORAGE, PARAMETER_SERVER)
+__all__ = ["CENTRAL_STORAGE", "MIRRORED", "MIRRORED_ALL_REDUCE", "MULTI_WORKER_ALL_REDUCE", "MULTI_WORKER_MIRRORED",
+           "MAX_CPU_DEVICES", "NAMES", "NO_ALL_REDUCE", "ONE_DEVICE", "PARAMETER_SERVER", "Choice", "Strategy",
+           "StrategyOptions", "Traits", "all_reduce_for", "choose", "choose_all_reduce", "cross_device_ops",
+           "local_gpus", "make_strategy", "nccl_unavailable_reason", "resolve_name", "split_cpu", "traits",
+           "trains_here", "wrap"]
 
 MULTI_WORKER_ALL_REDUCE = ("auto", "ring", "nccl")
 MIRRORED_ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
@@ -371,7 +373,7 @@ def _one_device(cluster: ClusterSpec, options: StrategyOptions):
         )
     _check_devices_exist(options.devices)
     device = options.devices[0] if options.devices else ("/gpu:0" if local_gpus() else "/cpu:0")
-    return tf.distribute.OneDeviceStrategy(device)
+    return OneDevice(tf.distribute.OneDeviceStrategy(device), cluster=cluster)
 
 
 def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
@@ -382,8 +384,7 @@ def _mirrored(cluster: ClusterSpec, options: StrategyOptions):
     choice = all_reduce_for(MIRRORED, requested=options.all_reduce, devices=devices or _local_devices())
     log.info("all-reduce %s: %s", choice.name, choice.reason)
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops(choice.name))
-    tf_compat.set_tfdist_attribute(strategy, "all_reduce", choice.name)  # read by all_reduce_of()
-    return strategy
+    return Mirrored(strategy, cluster=cluster, all_reduce=choice.name)
 
 
 def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
@@ -393,7 +394,8 @@ def _central_storage(cluster: ClusterSpec, options: StrategyOptions):
     # them; TensorFlow's own default for this strategy is the GPUs, else /cpu:0 alone.
     _check_devices_exist(options.devices)
     devices = list(options.devices) if options.devices else _local_devices()
-    return tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
+    strategy = tf.distribute.experimental.CentralStorageStrategy(compute_devices=devices, parameter_device="/cpu:0")
+    return CentralStorage(strategy, cluster=cluster)
 
 
 def _local_devices() -> list[str]:
@@ -454,8 +456,7 @@ def _multi_worker_mirrored(cluster: ClusterSpec, options: StrategyOptions):
                     "first thing, then build the dataset and pass strategy=strategy to fit; or pass a "
                     "dataset_fn(input_context), which fit calls after it."
                 ) from None
-    tf_compat.set_tfdist_attribute(strategy, "all_reduce", all_reduce)  # read by all_reduce_of()
-    return strategy
+    return MultiWorkerMirrored(strategy, cluster=cluster, all_reduce=all_reduce)
 
 
 def _parameter_server(cluster: ClusterSpec, options: StrategyOptions):
@@ -469,10 +470,10 @@ def _parameter_server(cluster: ClusterSpec, options: StrategyOptions):
         )
     wait_for_peers(cluster, options.startup_timeout)
     with startup_watchdog(cluster, options.startup_timeout):
-        return tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster))
+        return ParameterServer(tf.distribute.experimental.ParameterServerStrategy(_resolver(cluster)), cluster=cluster)
 
 
-_REGISTRY: dict[str, Callable[[ClusterSpec, StrategyOptions], "tf.distribute.Strategy"]] = {
+_REGISTRY: dict[str, Callable[[ClusterSpec, StrategyOptions], Strategy]] = {
     ONE_DEVICE: _one_device,
     MIRRORED: _mirrored,
     MULTI_WORKER_MIRRORED: _multi_worker_mirrored,
@@ -485,7 +486,7 @@ _REGISTRY: dict[str, Callable[[ClusterSpec, StrategyOptions], "tf.distribute.Str
 # collectives are process-global: a second MirroredStrategy over the same devices reuses
 # the first one's collective keys and fails with shape mismatches, and a multi-worker
 # strategy can be created only once per process. So calling fit again reuses the strategy.
-_CREATED: dict[tuple, "tf.distribute.Strategy"] = {}
+_CREATED: dict[tuple, Strategy] = {}
 
 
 def resolve_name(name: str, cluster: ClusterSpec, *, devices: Sequence[str] | None = None) -> Choice:
@@ -512,7 +513,7 @@ def _reclaim_signals() -> None:
 
 
 def make_strategy(
-    name: "str | tf.distribute.Strategy" = "auto",
+    name: "str | Strategy | tf.distribute.Strategy" = "auto",
     *,
     cluster: ClusterSpec | None = None,
     devices: Sequence[str] | None = None,
@@ -520,7 +521,7 @@ def make_strategy(
     bytes_per_pack: int = 0,
     collective_timeout: float | None = None,
     startup_timeout: float | None = None,
-) -> "tf.distribute.Strategy":
+) -> Strategy:
     """Creates the strategy ``name``, or the one ``"auto"`` picks, for this process's cluster.
 
     Every process of a cluster must call it with the same arguments. The choice is logged once
@@ -528,8 +529,8 @@ def make_strategy(
 
     Args:
       name: ``"auto"``, ``"one_device"``, ``"mirrored"``, ``"multi_worker_mirrored"``,
-        ``"parameter_server"`` or ``"central_storage"``. A ready ``tf.distribute.Strategy`` is
-        returned unchanged. Defaults to ``"auto"``.
+        ``"parameter_server"`` or ``"central_storage"``. A tfdist ``Strategy`` is returned
+        unchanged, and a ready ``tf.distribute.Strategy`` is wrapped. Defaults to ``"auto"``.
       cluster: This task's [`ClusterSpec`][tfdist.ClusterSpec]. Defaults to None: detected.
       devices: The devices of one machine's replicas, such as ``["/cpu:0", "/cpu:1"]``. Defaults
         to None: every GPU, else the CPU.
@@ -543,7 +544,8 @@ def make_strategy(
         missing tasks. Defaults to None: ``TFDIST_STARTUP_TIMEOUT``, else 60.
 
     Returns:
-      The ``tf.distribute.Strategy``.
+      The tfdist ``Strategy``: ``scope()``, ``num_replicas_in_sync`` and ``run`` as TensorFlow's,
+      which is ``.tf``.
 
     Raises:
       StrategyError: The name is unknown, an option does not fit the strategy, or a one-machine
@@ -558,15 +560,8 @@ def make_strategy(
         print(strategy.num_replicas_in_sync)   # 1 on a machine without GPUs
         ```
     """
-    import tensorflow as tf
-
-    if isinstance(name, tf.distribute.Strategy):
-        return name
     if not isinstance(name, str):
-        raise StrategyError(
-            f"Invalid `strategy`; received {type(name).__name__}. Fix: pass a name such as 'auto' "
-            "or a tf.distribute.Strategy."
-        )
+        return wrap(name, cluster=cluster)
     cluster = detect() if cluster is None else cluster
     options = StrategyOptions(
         devices=tuple(devices) if devices is not None else None,
@@ -587,77 +582,18 @@ def make_strategy(
     strategy = _REGISTRY[choice.name](cluster, options)
     _reclaim_signals()
     log.info("strategy %s: %s (%d replica(s))", choice.name, choice.reason, strategy.num_replicas_in_sync)
-    tf_compat.set_tfdist_attribute(strategy, "name", choice.name)  # read by name_of()
     _CREATED[key] = strategy
+    keep(strategy)
     return strategy
 
 
-@dataclasses.dataclass(frozen=True)
-class Traits:
-    """What a strategy means for the training loop.
-
-    Attributes:
-      name: the registry name.
-      coordinated: the chief schedules steps on worker tasks through a ClusterCoordinator
-        (parameter_server); it coordinates and saves, the workers compute.
-      step_tasks: processes that run training steps (the worker tasks under parameter_server).
-      multi_process: several processes run each step together, so decisions that can differ
-        between them (a signal, a clock) must be agreed before acting.
-    """
-
-    name: str
-    coordinated: bool
-    step_tasks: int
-    multi_process: bool
-
-    @property
-    def synchronous(self) -> bool:
-        """Every step is one step of all replicas together (all but parameter_server)."""
-        return not self.coordinated
+def traits(strategy: "Strategy | tf.distribute.Strategy", cluster: ClusterSpec) -> Traits:
+    """The ``Traits`` of ``strategy`` (a tfdist or a TensorFlow strategy) in ``cluster``."""
+    return wrap(strategy, cluster=cluster).traits_in(cluster)
 
 
-def traits(strategy: "tf.distribute.Strategy", cluster: ClusterSpec) -> Traits:
-    """The ``Traits`` of ``strategy`` in ``cluster``."""
-    name = name_of(strategy)
-    coordinated = name == PARAMETER_SERVER
-    step_tasks = len(cluster.jobs.get(WORKER, ())) if coordinated else max(cluster.num_workers, 1)
-    return Traits(
-        name=name,
-        coordinated=coordinated,
-        step_tasks=step_tasks,
-        multi_process=name == MULTI_WORKER_MIRRORED and cluster.num_workers > 1,
-    )
-
-
-def trains_here(strategy: "str | tf.distribute.Strategy", cluster: ClusterSpec) -> bool:
+def trains_here(strategy: "str | Strategy | tf.distribute.Strategy", cluster: ClusterSpec) -> bool:
     """False on the ps and worker tasks of a parameter-server cluster: they serve (``serve``)
     while the chief trains. True everywhere else."""
-    name = resolve_name(strategy, cluster).name if isinstance(strategy, str) else name_of(strategy)
-    return not (name == PARAMETER_SERVER and not cluster.is_chief)
-
-
-def all_reduce_of(strategy: "tf.distribute.Strategy") -> str | None:
-    """The all-reduce tfdist chose for a ``mirrored`` or ``multi_worker_mirrored`` strategy it
-    made (``nccl``, ``ring``, ``hierarchical_copy``, ``reduce_to_one``); None for the other
-    strategies, which have none, and for a strategy the user created (TensorFlow chose)."""
-    return tf_compat.tfdist_attribute(strategy, "all_reduce")
-
-
-def name_of(strategy: "tf.distribute.Strategy") -> str:
-    """The registry name of a strategy, also for one the user created."""
-    import tensorflow as tf
-
-    given = tf_compat.tfdist_attribute(strategy, "name")
-    if given:
-        return given
-    kinds = [
-        (tf.distribute.experimental.ParameterServerStrategy, PARAMETER_SERVER),
-        (tf.distribute.MultiWorkerMirroredStrategy, MULTI_WORKER_MIRRORED),
-        (tf.distribute.experimental.CentralStorageStrategy, CENTRAL_STORAGE),
-        (tf.distribute.MirroredStrategy, MIRRORED),
-        (tf.distribute.OneDeviceStrategy, ONE_DEVICE),
-    ]
-    for kind, kind_name in kinds:
-        if isinstance(strategy, kind):
-            return kind_name
-    return type(strategy).__name__
+    kind = KINDS[resolve_name(strategy, cluster).name] if isinstance(strategy, str) else type(wrap(strategy))
+    return kind.trains_on(cluster)

@@ -156,17 +156,3 @@ def tfrecord_offset_reader(read_buffer: int) -> Any:
             return tensor_spec.TensorSpec([], tf.string)
 
     return TFRecordsAt
-
-
-def set_tfdist_attribute(obj: Any, name: str, value: Any) -> None:
-    """Stores tfdist's ``value`` on a TensorFlow object (a strategy) as ``_tfdist_<name>``.
-
-    A TensorFlow object has no public place for a caller's data, and a table keyed by the object
-    would keep it alive through values that refer to it (a ``tf.function`` over the strategy).
-    """
-    setattr(obj, f"_tfdist_{name}", value)
-
-
-def tfdist_attribute(obj: Any, name: str, default: Any = None) -> Any:
-    """What :func:`set_tfdist_attribute` stored on ``obj`` under ``name``; ``default`` when nothing was."""
-    return getattr(obj, f"_tfdist_{name}", default)

@@ -97,9 +97,7 @@ def options(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
 
 def describe(source: Any, strategy: Any) -> str:
     """``"360 examples; strategy mirrored, 2 replica(s)"``."""
-    from tfdist import strategy as strategy_mod
-
-    return (f"{source.num_examples} examples; strategy {strategy_mod.name_of(strategy)}, "
+    return (f"{source.num_examples} examples; strategy {strategy.name}, "
             f"{strategy.num_replicas_in_sync} replica(s)")
 
 

@@ -47,7 +47,7 @@ def _check_steps(steps_per_epoch) -> None:
 
 
 def steps_per_epoch_for(source: Source, sizes: BatchSizes, steps_per_epoch: int | None, *, layout=None,
-                        parameter_server: bool = False) -> int:
+                        per_worker: bool = False) -> int:
     """Optimizer steps in one epoch: given, or the whole global batches in the data.
 
     A given ``steps_per_epoch`` may not exceed what the data holds (streams excepted: they
@@ -61,14 +61,14 @@ def steps_per_epoch_for(source: Source, sizes: BatchSizes, steps_per_epoch: int 
         return steps_per_epoch if steps_per_epoch is not None else _whole(source.count_batches(sizes.global_batch_size)
                                                                           if source.num_examples is None else
                                                                           source.num_examples // sizes.global_batch_size,
-                                                                          source, sizes, parameter_server)
+                                                                          source, sizes, per_worker)
     if isinstance(source, TFRecordSource):
         layout = layout or source.layout(num_replicas=sizes.num_replicas)
-        available = source.steps_per_epoch(layout, sizes.global_batch_size, parameter_server=parameter_server)
-        unit = layout.streams if parameter_server else 1
+        available = source.steps_per_epoch(layout, sizes.global_batch_size, parameter_server=per_worker)
+        unit = layout.streams if per_worker else 1
     else:
         available, unit = _trained_examples(source) // sizes.global_batch_size, 1
-    available = _whole(available, source, sizes, parameter_server)
+    available = _whole(available, source, sizes, per_worker)
     if steps_per_epoch is None:
         return available
     if steps_per_epoch > available:
@@ -85,7 +85,7 @@ def steps_per_epoch_for(source: Source, sizes: BatchSizes, steps_per_epoch: int 
     return steps_per_epoch
 
 
-def _whole(steps: int, source: Source, sizes: BatchSizes, parameter_server: bool) -> int:
+def _whole(steps: int, source: Source, sizes: BatchSizes, per_worker: bool) -> int:
     if steps < 1:
         raise BatchSizeError(
             f"the global batch {sizes.global_batch_size} is larger than the data ({source.num_examples} examples"
@@ -102,14 +102,15 @@ def make_plan(
     epochs: int,
     seed: int,
     shuffle: bool = True,
-    parameter_server: bool = False,
+    per_worker: bool = False,
     num_workers: int = 1,
     recorded_order: dict | None = None,
     strategy=None,
 ) -> DataPlan:
     """The run's ``DataPlan``; ``recorded_order`` is the latest checkpoint's ``order_record()``
     (a resume keeps its data order, e.g. the number of streams of a file source). A user's own
-    pipeline needs the ``strategy``: its layout is this worker's pipeline (``WorkerPipeline``)."""
+    pipeline needs the ``strategy``: its layout is this worker's pipeline (``WorkerPipeline``).
+    ``per_worker``: each worker reads whole steps of its own (the strategy's ``per_worker_input``)."""
     layout = None
     if isinstance(source, UserPipeline):
         if strategy is None:
@@ -117,13 +118,13 @@ def make_plan(
         layout = source.bind(strategy)
     elif isinstance(source, TFRecordSource):
         layout = source.layout(num_replicas=sizes.num_replicas, num_workers=num_workers,
-                               parameter_server=parameter_server, recorded=recorded_order)
-        if not parameter_server and layout.streams % sizes.num_replicas and sizes.num_replicas % layout.streams == 0:
+                               parameter_server=per_worker, recorded=recorded_order)
+        if not per_worker and layout.streams % sizes.num_replicas and sizes.num_replicas % layout.streams == 0:
             log.info("%d replicas share the data's %d stream(s): each reads whole streams and keeps its part "
                      "(same examples per step as the recorded run, more bytes read)", sizes.num_replicas, layout.streams)
     elif isinstance(source, StreamSource):
         log.warning("%s", COSTS)
-    spe = steps_per_epoch_for(source, sizes, steps_per_epoch, layout=layout, parameter_server=parameter_server)
+    spe = steps_per_epoch_for(source, sizes, steps_per_epoch, layout=layout, per_worker=per_worker)
     used = spe * sizes.global_batch_size
     if source.num_examples and used < source.num_examples and steps_per_epoch is None:
         if isinstance(source, PyDatasetSource):
@@ -147,28 +148,29 @@ def dataset_fn(
     *,
     start_step: int,
     stop_step: int | None = None,
-    parameter_server: bool = False,
+    per_worker: bool = False,
     class_weight: ClassWeights | None = None,
 ) -> Callable[[Any], "tf.data.Dataset"]:
     """A ``dataset_fn(input_context)`` for ``distribute_datasets_from_function``.
 
     Synchronous strategies: every input pipeline yields, for each global step from
     ``start_step`` to ``stop_step``, one per-replica batch per local replica -- its slice of
-    the global batch -- consecutive elements going to its local replicas in order. Parameter
-    servers (``parameter_server=True``): each worker runs whole steps, so worker ``w`` of ``W``
+    the global batch -- consecutive elements going to its local replicas in order. Where each
+    worker reads steps of its own (``per_worker=True``, the strategy's ``per_worker_input``:
+    parameter servers), each worker runs whole steps, so worker ``w`` of ``W``
     yields the global batches of steps ``start_step + w``, ``+ W``, ... forever (the
     coordinator decides how many it runs). ``class_weight`` weighs each example by its class.
     """
     if isinstance(source, TFRecordSource):
         if plan.layout is None:
             raise ValueError("a file source needs a plan made by make_plan (plan.layout is None)")
-        inner = source.dataset_fn(plan, start_step=start_step, stop_step=stop_step, parameter_server=parameter_server)
+        inner = source.dataset_fn(plan, start_step=start_step, stop_step=stop_step, parameter_server=per_worker)
     elif isinstance(source, _INDEXED):
         inner = _array_dataset_fn(source, plan, start_step=start_step, stop_step=stop_step,
-                                  parameter_server=parameter_server)
+                                  per_worker=per_worker)
     else:
         inner = _stream_dataset_fn(source, plan, start_step=start_step, stop_step=stop_step,
-                                   parameter_server=parameter_server)
+                                   per_worker=per_worker)
 
     def make(input_context=None):
         import tensorflow as tf
@@ -209,13 +211,13 @@ def _finish(ds: "tf.data.Dataset") -> "tf.data.Dataset":
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
-def _input_part(sizes, input_context, parameter_server: bool) -> tuple[int, int, int, int, int]:
+def _input_part(sizes, input_context, per_worker: bool) -> tuple[int, int, int, int, int]:
     """(offset, length, local replicas) of the global batch this pipeline makes, and its (stride, offset) in steps.
 
     Under parameter servers every worker's pipeline makes whole global batches of every
     ``num_input_pipelines``-th step; elsewhere each pipeline makes its replicas' slice of every step.
     """
-    if parameter_server:
+    if per_worker:
         stride = input_context.num_input_pipelines if input_context else 1
         step_offset = input_context.input_pipeline_id if input_context else 0
         return 0, sizes.global_batch_size, sizes.num_replicas, stride, step_offset
@@ -223,18 +225,18 @@ def _input_part(sizes, input_context, parameter_server: bool) -> tuple[int, int,
     return part.offset, part.length, part.local_replicas, 1, 0
 
 
-def _array_dataset_fn(source: Source, plan: DataPlan, *, start_step, stop_step, parameter_server):
+def _array_dataset_fn(source: Source, plan: DataPlan, *, start_step, stop_step, per_worker):
     import tensorflow as tf
 
     spe, sizes = plan.steps_per_epoch, plan.sizes
-    stop = None if parameter_server else stop_step
+    stop = None if per_worker else stop_step
     last_epoch = (stop - 1) // spe if stop is not None else None
 
     def make(input_context=None):
-        offset, length, local_replicas, stride, step_offset = _input_part(sizes, input_context, parameter_server)
+        offset, length, local_replicas, stride, step_offset = _input_part(sizes, input_context, per_worker)
         first_step = start_step + step_offset
         per_replica = sizes.per_replica_batch_size
-        gather = source.gather_fn(embed=parameter_server)
+        gather = source.gather_fn(embed=per_worker)
         epochs = tf.data.Dataset.range(first_step // spe, last_epoch + 1 if last_epoch is not None else 2**62)
 
         def epoch_dataset(epoch):
@@ -267,18 +269,18 @@ def _array_dataset_fn(source: Source, plan: DataPlan, *, start_step, stop_step, 
     return make
 
 
-def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop_step, parameter_server):
+def _stream_dataset_fn(source: StreamSource, plan: DataPlan, *, start_step, stop_step, per_worker):
     """Each epoch one pass of the stream from its start (shuffled with the epoch's seed), or, with
     ``plan.continuous``, the passes one after another, each step taking the next global batch."""
     import tensorflow as tf
 
     spe, sizes = plan.steps_per_epoch, plan.sizes
-    stop = None if parameter_server else stop_step
+    stop = None if per_worker else stop_step
     last_epoch = (stop - 1) // spe if stop is not None else None
     seed = plan.seed * 1_000_003
 
     def make(input_context=None):
-        offset, length, local_replicas, step_stride, step_offset = _input_part(sizes, input_context, parameter_server)
+        offset, length, local_replicas, step_stride, step_offset = _input_part(sizes, input_context, per_worker)
         per_replica = sizes.per_replica_batch_size
         first_step = start_step + step_offset
         stream = source.dataset
@@ -383,7 +385,7 @@ def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) 
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
-def validation_input(source: Source, sizes: BatchSizes, *, strategy, parameter_server: bool = False):
+def validation_input(source: Source, sizes: BatchSizes, *, strategy, per_worker: bool = False):
     """``(validation_data, validation_steps)`` for Keras ``fit`` under ``strategy``.
 
     In-memory and file sources under synchronous strategies: a distributed dataset in which
@@ -391,15 +393,15 @@ def validation_input(source: Source, sizes: BatchSizes, *, strategy, parameter_s
     worker reads only its part. Every replica runs the same number of steps; a replica whose
     part ran out gets empty batches (they add nothing to Keras' loss and metric sums, which
     are weighted by batch size), so the metrics are those of the whole set. Streams: one
-    dataset that each worker reads whole (auto-sharded by data). Parameter servers: a
-    function that makes each worker's own copy, repeated (the Keras adapter hands it to the
+    dataset that each worker reads whole (auto-sharded by data). ``per_worker`` (parameter
+    servers): a function that makes each worker's own copy, repeated (the Keras adapter hands it to the
     workers); the step count covers the set once (approximate: which batches a worker
     evaluates depends on scheduling).
     """
     import tensorflow as tf
 
     batch = sizes.global_batch_size // sizes.grad_accum_steps
-    if parameter_server:
+    if per_worker:
         return (lambda: validation_dataset(source, batch, embed=True).repeat()), max(1, -(-(source.num_examples or batch) // batch))
     if isinstance(source, StreamSource):
         return validation_dataset(source, batch), None

@@ -9,7 +9,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from tfdist import _checks, models
 from tfdist.errors import PlanError, describe
@@ -162,7 +162,7 @@ def measure_step_time(
     model: "str | keras.Model | tf_keras.Model",
     micro_batch_size: int,
     keras: str = "3",
-    strategy: str = "auto",
+    strategy: Any = "auto",
     steps: int = 20,
     warmup: int = 3,
     grad_accum_steps: int = 1,
@@ -179,8 +179,9 @@ def measure_step_time(
     for only at the end of each block; ``step_seconds`` is the median block's time per step.
 
     ``model`` is a built-in name or a saved-model path, built or loaded with ``keras``
-    (``"3"``: Keras 3, ``import keras``, the default; ``"2"``: tf_keras) under ``strategy``;
-    or a model object, trained as is without a strategy, whose own Keras is measured
+    (``"3"``: Keras 3, ``import keras``, the default; ``"2"``: tf_keras) under ``strategy`` (a
+    name, the strategy ``make_strategy`` returned, or a ``tf.distribute.Strategy``); or a model
+    object, trained as is without a strategy, whose own Keras is measured
     (``keras`` is then ignored). A Keras 3 model runs tfdist's own training loop
     (``training.loop.run_loop``, what ``tfdist.fit`` trains Keras 3 models with); a tf_keras
     model runs plain tf_keras ``model.fit``.
@@ -205,14 +206,14 @@ def measure_step_time(
     import numpy as np
     import tensorflow as tf
 
-    from tfdist.strategy import make_strategy, name_of
+    from tfdist.strategy import make_strategy, wrap
 
     if not isinstance(model, str):
         keras = keras_of(model)  # the model's own Keras, whatever was asked for
     gpus = tf.config.list_physical_devices("GPU")
     builtin = isinstance(model, str) and not os.path.exists(model)  # a built-in classifier of tfdist.models
     # A model object was built outside any strategy scope, so it trains without one.
-    dist = make_strategy(strategy) if isinstance(model, str) else tf.distribute.get_strategy()
+    dist = make_strategy(strategy) if isinstance(model, str) else wrap(tf.distribute.get_strategy())
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if gpus:
         tf.config.experimental.reset_memory_stats("GPU:0")
@@ -262,7 +263,7 @@ def measure_step_time(
         warmup=clock.warmup,  # the warm-up steps that ran (at least two)
         micro_batch_size=micro_batch_size,
         replicas=dist.num_replicas_in_sync,
-        strategy=name_of(dist) if isinstance(model, str) else "none",
+        strategy=dist.name if isinstance(model, str) else "none",
         device="GPU:0" if gpus else "CPU",
         peak_bytes=peak,
         peak_source=source,

@@ -110,7 +110,7 @@ class _Inference:
     """What ``evaluate`` and ``predict`` share: the model's strategy and adapter, the source, the
     batch sizes, this task's verbosity."""
 
-    strategy: Any
+    strategy: strategy_mod.Strategy
     adapter: Any
     traits: strategy_mod.Traits
     source: Any
@@ -119,15 +119,15 @@ class _Inference:
 
     @classmethod
     def of(cls, model, data, *, use, batch_size, per_replica_batch_size, verbose, cluster) -> "_Inference":
-        strategy = getattr(model, "distribute_strategy", None)  # every Keras model has one
-        adapter = adapter_for(model, strategy, use=use)
+        adapter = adapter_for(model, getattr(model, "distribute_strategy", None), use=use)  # every Keras model has one
         adapter.check(model, use=use)
         cluster = detect() if cluster is None else cluster
+        strategy = adapter.strategy
         sizes = data_mod.BatchSizes.resolve(num_replicas=strategy.num_replicas_in_sync, batch_size=batch_size,
                                             per_replica_batch_size=per_replica_batch_size)
         source = _source(data, model)
         _check_fits(model, source)
-        return cls(strategy=strategy, adapter=adapter, traits=strategy_mod.traits(strategy, cluster),
+        return cls(strategy=strategy, adapter=adapter, traits=strategy.traits_in(cluster),
                    source=source, sizes=sizes, verbose=verbosity(verbose, cluster))
 
     @property

@@ -13,10 +13,11 @@ from tfdist import _checks
 from tfdist._compat import keras_common as keras_compat
 from tfdist._compat import tf_keras as tf_keras_compat
 from tfdist.errors import ModelError
+from tfdist.strategy_kinds import wrap
+from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
                                           compile_fix, defined_in, fresh_metrics, merged_history,
-                                          model_fingerprint, not_a_model, summed_gradients, warn_low_precision_outputs,
-                                          xla_unavailable)
+                                          model_fingerprint, not_a_model, summed_gradients, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -124,7 +125,7 @@ def _rebuild(model, strategy):
 
 def in_scope(model, strategy):
     """``model`` with its variables in ``strategy``: itself, or a copy rebuilt in the scope."""
-    if keras_compat.owning_strategy(model) is not strategy:
+    if keras_compat.owning_strategy(model) is not wrap(strategy).tf:
         return _rebuild(model, strategy)
     return model
 
@@ -182,7 +183,7 @@ def _aggregate_schedule_variable(optimizer, strategy) -> None:
     import tensorflow as tf
 
     current = tf_keras_compat.schedule_rate_variable(optimizer)
-    if not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy) or current is None:
+    if not wrap(strategy).aggregating_variables or current is None:
         return
     if current.aggregation != tf.VariableAggregation.NONE:
         return
@@ -257,14 +258,14 @@ def install_grad_accumulation(model, steps: int, *, unrolled: bool = False) -> N
     log.info("gradient accumulation: %d micro batches per optimizer step", steps)
 
 
-class TfKeras:
+class TfKeras(KerasAdapter):
     """The tf_keras adapter of one ``fit`` call: tf_keras' own ``model.fit`` loop, with
     ``callback.TrainingCallback`` reporting every step and epoch to tfdist's controller."""
 
     name = "tf_keras"
 
     def __init__(self, strategy):
-        self.strategy = strategy
+        self.strategy = wrap(strategy)
 
     def check(self, model, *, use: str = "fit") -> None:
         check(model, use=use)
@@ -277,14 +278,11 @@ class TfKeras:
 
     def prepare(self, model, *, sample, grad_accum_steps: int) -> None:
         """Installs accumulation and creates every variable now (a checkpoint restores into them)."""
-        from tfdist import strategy as strategy_mod
-
-        install_grad_accumulation(model, grad_accum_steps,
-                                  unrolled=strategy_mod.name_of(self.strategy) == strategy_mod.CENTRAL_STORAGE)
+        install_grad_accumulation(model, grad_accum_steps, unrolled=self.strategy.aggregating_variables)
         build_state(model, sample)
-        if strategy_mod.name_of(self.strategy) == strategy_mod.PARAMETER_SERVER:
+        if self.strategy.concurrent_updates:
             race_free_moving_statistics(model)
-        unavailable = xla_unavailable(self.strategy, one_copy_compiles=True)
+        unavailable = self.strategy.xla_unavailable(one_copy_compiles=True)
         if getattr(model, "jit_compile", False) is True and unavailable:
             model.jit_compile = False
             log.warning("jit_compile=True is not applied %s; the steps run without XLA", unavailable)

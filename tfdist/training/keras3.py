@@ -13,7 +13,6 @@ The Keras internals it needs (compile state, symbolic build, rebound methods) ar
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 from typing import Any
@@ -21,6 +20,8 @@ from typing import Any
 from tfdist._compat import keras3 as keras3_compat
 from tfdist._compat import keras_common as keras_compat
 from tfdist.errors import ModelError
+from tfdist.strategy_kinds import wrap
+from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (carry_weight_decay_exclusions, check_own_train_step, compile_fix, defined_in,
                                           fresh_metrics, merged_history, model_fingerprint, not_a_model,
                                           summed_gradients, warn_low_precision_outputs)
@@ -68,18 +69,17 @@ def check_ema_overwrite(optimizer, strategy) -> None:
     (``use_ema=True, ema_overwrite_frequency=N``) under a strategy with several replicas or
     central storage: Keras does it in a ``tf.cond`` that calls ``merge_call``, which fails at the
     first step (in Keras' own ``fit`` too)."""
-    from tfdist import strategy as strategy_mod
-
-    name = strategy_mod.name_of(strategy)
-    if name in (strategy_mod.ONE_DEVICE, strategy_mod.PARAMETER_SERVER):
+    strategy = wrap(strategy)
+    if not strategy.merge_call_in_step:
         return
     frequency = getattr(optimizer, "ema_overwrite_frequency", None)
     if getattr(optimizer, "use_ema", False) and frequency:
         raise ModelError(
-            f"Keras 3 cannot write the optimizer's moving averages into the model every few steps under {name} (in "
-            f"its own fit too: merge_call inside a cond); received {type(optimizer).__name__}(use_ema=True, "
-            f"ema_overwrite_frequency={frequency}). Fix: pass ema_overwrite_frequency=None (the averages are then "
-            "written at the end of training), or train on one device."
+            "Keras 3 cannot write the optimizer's moving averages into the model every few steps under "
+            f"{strategy.name} (in its own fit too: merge_call inside a cond); received "
+            f"{type(optimizer).__name__}(use_ema=True, ema_overwrite_frequency={frequency}). Fix: pass "
+            "ema_overwrite_frequency=None (the averages are then written at the end of training), or train on one "
+            "device."
         )
 
 
@@ -101,55 +101,17 @@ def _tf_keras_attributes(model):
 # --- strategies ------------------------------------------------------------------------------
 
 
-def _kind(strategy) -> str:
-    """``parameter_server``, ``central_storage``, or ``replicated`` (one_device, mirrored,
-    multi_worker_mirrored: one copy of every variable per replica)."""
-    from tfdist import strategy as strategy_mod
-
-    name = strategy_mod.name_of(strategy)
-    return name if name in (strategy_mod.PARAMETER_SERVER, strategy_mod.CENTRAL_STORAGE) else "replicated"
-
-
-@contextlib.contextmanager
 def building_scope(strategy):
-    """The scope to build (or clone) a Keras 3 model and its optimizer in.
-
-    Under central_storage a variable lives once, on the parameter device, and a replica may
-    update it only if it has an aggregation; Keras 3 creates BatchNormalization's moving
-    statistics and every SeedGenerator's state with none, so their first update fails
-    ("You must specify an aggregation method to update a AggregatingVariable in Replica
-    Context"). Here such variables get one: MEAN for floats (the replicas' moving statistics
-    are averaged), ONLY_FIRST_REPLICA otherwise (every replica advances a seed the same way).
-    Other strategies keep Keras' own variables unchanged.
-    """
-    import tensorflow as tf
-
-    with strategy.scope():
-        if _kind(strategy) != "central_storage":
-            yield
-            return
-
-        def creator(next_creator, **kwargs):
-            aggregation = kwargs.get("aggregation")
-            synchronization = kwargs.get("synchronization")
-            if (
-                kwargs.get("trainable") is False
-                and aggregation in (None, tf.VariableAggregation.NONE)
-                and synchronization in (None, tf.VariableSynchronization.AUTO, tf.VariableSynchronization.ON_WRITE)
-            ):
-                dtype = kwargs.get("dtype")
-                floating = dtype is not None and tf.as_dtype(dtype).is_floating
-                kwargs["aggregation"] = tf.VariableAggregation.MEAN if floating else tf.VariableAggregation.ONLY_FIRST_REPLICA
-            return next_creator(**kwargs)
-
-        with tf.variable_creator_scope(creator):
-            yield
+    """The scope to build (or clone) a Keras 3 model and its optimizer in: the strategy's
+    ``building_scope()``, in which replicas can update every variable Keras 3 makes
+    (under central_storage, variables without an aggregation get one)."""
+    return wrap(strategy).building_scope()
 
 
 def built_in(model, strategy) -> bool:
     """True if ``model`` was created in ``strategy``'s scope (call it outside any scope:
     Keras answers with the current strategy for a model built outside one)."""
-    return model.distribute_strategy is strategy
+    return model.distribute_strategy is wrap(strategy).tf
 
 
 def rebuild_in_scope(model, strategy):
@@ -216,14 +178,15 @@ def prepare(model, *, strategy, sample: Any, grad_accum_steps: int = 1) -> None:
     import tensorflow as tf
 
     check_model(model)
-    kind = _kind(strategy)
+    strategy = wrap(strategy)
     check_labels_for_loss(model, sample)
     if grad_accum_steps > 1:
         check_accumulation(model, strategy, grad_accum_steps)
     keras_steps = getattr(model.optimizer, "gradient_accumulation_steps", None)
-    if keras_steps and not isinstance(strategy, tf.distribute.OneDeviceStrategy):
+    if keras_steps and not isinstance(strategy.tf, tf.distribute.OneDeviceStrategy):
         raise ModelError(
-            f"the optimizer's own gradient accumulation fails under {type(strategy).__name__} (keras-team/keras#20582); "
+            f"the optimizer's own gradient accumulation fails under {type(strategy.tf).__name__} "
+            "(keras-team/keras#20582); "
             f"received gradient_accumulation_steps={keras_steps}. Fix: drop it from the optimizer and pass "
             "grad_accum_steps to tfdist, which accumulates exactly under every synchronous strategy."
         )
@@ -237,12 +200,12 @@ def prepare(model, *, strategy, sample: Any, grad_accum_steps: int = 1) -> None:
         _build_own_optimizers(model, strategy, sample, own)
     for variable in _keras_variables(model):
         keras3_compat.copy_to_cpu_once(variable)
-    if kind in ("central_storage", "parameter_server"):
+    if not strategy.replica_variables:
         keras3_compat.use_native_increments(model.optimizer.iterations)  # see prepare_metrics
         for optimizer in own:
             if optimizer.built:
                 keras3_compat.use_native_increments(optimizer.iterations)
-    if kind == "parameter_server":
+    if strategy.concurrent_updates:
         for layer in keras_compat.sublayers(model):
             keras3_compat.race_free_moving_statistics(layer)
 
@@ -319,10 +282,8 @@ def _build_own_optimizers(model, strategy, sample: Any, optimizers: list) -> Non
 
     specs = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *_shape_of(a)[1:]], tf.as_dtype(a.dtype)), sample)
 
-    def step(batch):  # in replica context, where mirrored variables can be read (not on parameter servers,
-        if _kind(strategy) == "parameter_server":  # whose steps run on workers: traced here as it is)
-            return model.train_step(batch)
-        return strategy.run(model.train_step, args=(batch,))
+    def step(batch):  # as a step runs it: in replica context, where mirrored variables can be read
+        return strategy.call_as_step(model.train_step, batch)
 
     try:
         with strategy.scope(), keras3_compat.apply_replaced(unbuilt, record):
@@ -378,7 +339,7 @@ def prepare_metrics(model, *, strategy, sample: Any) -> None:
     """
     import tensorflow as tf
 
-    kind = _kind(strategy)
+    strategy = wrap(strategy)
     sample = tf.nest.map_structure(tf.convert_to_tensor, sample)
     # A model with a train_step and no call() (keras.io's GAN and VAE) is never built by Keras:
     # its sub-models are. Keras' own symbolic build would call it, and fail.
@@ -403,7 +364,7 @@ def prepare_metrics(model, *, strategy, sample: Any) -> None:
                 model.built = False
             if optimizer is not None:
                 optimizer.built = False
-    if kind in ("central_storage", "parameter_server"):
+    if not strategy.replica_variables:
         # Keras 3's Variable.assign_add is ``assign(self + value)``: under central_storage a
         # replica-context assign of a SUM variable adds every replica's ``self + value``
         # (the count of a Mean grows R times too fast), and on a parameter server two
@@ -467,7 +428,8 @@ def replica_local_variables(model, strategy) -> list:
     """
     import tensorflow as tf
 
-    if strategy.num_replicas_in_sync < 2 or _kind(strategy) != "replicated":
+    strategy = wrap(strategy)
+    if strategy.num_replicas_in_sync < 2 or not strategy.replica_variables:
         return []
     return [
         variable for variable in [*model.metrics_variables, *model.non_trainable_variables]
@@ -481,9 +443,10 @@ def replica_local_variables(model, strategy) -> list:
 def check_accumulation(model, strategy, steps: int) -> None:
     import keras
 
-    if _kind(strategy) == "parameter_server":
+    strategy = wrap(strategy)
+    if strategy.coordinated:
         raise ModelError(
-            f"gradient accumulation is not supported under parameter_server; received grad_accum_steps={steps}. "
+            f"gradient accumulation is not supported under {strategy.name}; received grad_accum_steps={steps}. "
             "Fix: use a synchronous strategy, or a larger per-worker batch instead."
         )
     check_own_train_step(model, keras.Model, steps)
@@ -578,25 +541,15 @@ class _ControllerHooks:
         self._controller.on_train_end(stopped_early=bool(self._model.stop_training))
 
 
-class Keras3:
+class Keras3(KerasAdapter):
     """The Keras 3 adapter of one ``fit`` call: tfdist's own loop (``training.loop``) around the
     model's ``train_step``, under parameter servers through a ``ClusterCoordinator``."""
 
     name = "keras3"
 
     def __init__(self, strategy):
-        self.strategy = strategy
-        self._coordinator = None
+        self.strategy = wrap(strategy)
         self._grad_accum_steps = 1
-
-    @property
-    def coordinator(self):
-        """The ClusterCoordinator of a parameter-server strategy (made once), else None."""
-        import tensorflow as tf
-
-        if self._coordinator is None and _kind(self.strategy) == "parameter_server":
-            self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
-        return self._coordinator
 
     def check(self, model, *, use: str = "fit") -> None:
         check_model(model, use=use)
@@ -611,7 +564,7 @@ class Keras3:
 
     def prepare(self, model, *, sample, grad_accum_steps: int) -> None:
         self._grad_accum_steps = grad_accum_steps
-        self.coordinator  # noqa: B018 -- made before any step is scheduled
+        self.strategy.coordinator  # noqa: B018 -- made before any step is scheduled
         prepare(model, strategy=self.strategy, sample=sample, grad_accum_steps=grad_accum_steps)
 
     def state(self, model):
@@ -640,14 +593,13 @@ class Keras3:
 
     def for_workers(self, dataset_fn):
         """Training data under parameter servers: a per-worker dataset made by ``dataset_fn``."""
-        return self.coordinator.create_per_worker_dataset(dataset_fn)
+        return self.strategy.coordinator.create_per_worker_dataset(dataset_fn)
 
     def validation_for_workers(self, dataset_fn):
-        return self.coordinator.create_per_worker_dataset(lambda _=None: dataset_fn())
+        return self.strategy.coordinator.create_per_worker_dataset(lambda _=None: dataset_fn())
 
     def settle(self, model) -> None:
-        if self._coordinator is not None:
-            self._coordinator.join()
+        self.strategy.join()
 
     def run(self, model, controller, *, train_data, validation_data, validation_steps, validation_freq, plan,
             callbacks, verbose):
@@ -660,7 +612,7 @@ class Keras3:
             validation_steps=validation_steps, validation_freq=validation_freq, callbacks=callbacks or (), verbose=verbose,
             steps_per_execution=int(getattr(model, "steps_per_execution", 1) or 1),
             grad_accum_steps=self._grad_accum_steps, hooks=_ControllerHooks(controller, model),
-            coordinator=self._coordinator,
+            coordinator=self.strategy.coordinator,
         )
 
     def prepare_evaluation(self, model, *, sample) -> None:

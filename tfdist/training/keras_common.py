@@ -107,32 +107,6 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:16]
 
 
-def xla_unavailable(strategy, *, one_copy_compiles: bool = False) -> str | None:
-    """Why XLA cannot compile the replicas' step under ``strategy``, as the end of "jit_compile=True
-    is not applied ..."; None where it can.
-
-    * Several replicas on CPU devices of one process: XLA places the step on one CPU device, from
-      which the other replicas' variables cannot be reached ("Trying to access resource ... located
-      in device CPU:1 from device CPU:0"). ``one_copy_compiles``: tf_keras' own step under
-      central storage, whose variables are all on one device, compiles there.
-    * multi_worker_mirrored with the ring all-reduce tfdist takes for CPU workers: XLA compiles
-      NCCL's collectives only ("Only compiling NCCL/auto collective is supported, got: ring").
-    """
-    from tfdist import strategy as strategy_mod
-
-    name = strategy_mod.name_of(strategy)
-    try:
-        local = list(strategy.extended.worker_devices)
-    except (AttributeError, RuntimeError):  # the default strategy (no scope) has none
-        local = []
-    on_cpus = len(local) > 1 and any("CPU" in d.upper() for d in local)
-    if on_cpus and not (one_copy_compiles and name == strategy_mod.CENTRAL_STORAGE):
-        return f"to replicas on {len(local)} CPU devices"
-    if name == strategy_mod.MULTI_WORKER_MIRRORED and strategy_mod.all_reduce_of(strategy) == "ring":
-        return "under multi_worker_mirrored with the ring all-reduce (XLA compiles NCCL's only)"
-    return None
-
-
 def merged_history(history_class, previous: list[dict], history=None):
     """A ``history_class`` (either Keras' History) holding every epoch of the run, earlier runs included."""
     merged = history_class()

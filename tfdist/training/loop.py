@@ -20,8 +20,9 @@ from typing import Any, Sequence
 from tfdist import _checks
 from tfdist._logs import without_retracing_warning
 from tfdist.errors import DataError, ModelError
-from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model, uses_keras_step
-from tfdist.training.keras_common import LastModelCache, xla_unavailable
+from tfdist.strategy_kinds import wrap
+from tfdist.training.keras3 import check_accumulation, accumulating_train_step, check_model, uses_keras_step
+from tfdist.training.keras_common import LastModelCache
 
 log = logging.getLogger("tfdist")
 
@@ -94,7 +95,7 @@ def _skipping_empty_batches(model, strategy):
     test_step = model.test_step
     if not uses_keras_step(model, "test_step"):
         return test_step
-    if _kind(strategy) != "replicated":
+    if not strategy.replica_variables:
         return lambda data: test_step(tf.nest.map_structure(_any_batch_size, data))
 
     def step(data):
@@ -117,14 +118,14 @@ class _Functions:
     """The tf.functions of one loop: ``train(iterator, n)`` runs n steps (n a Python int, a
     trace per distinct n) and returns logs; ``test(batch)`` runs one test step."""
 
-    def __init__(self, model, strategy, step_fn, metric_names: frozenset, *, parameter_server: bool):
+    def __init__(self, model, strategy, step_fn, metric_names: frozenset):
         import tensorflow as tf
 
         test_step = _skipping_empty_batches(model, strategy)
         # As Keras' fit does: a model compiled with jit_compile=True gets its replica steps compiled
         # by XLA inside strategy.run ("auto" has already resolved to False on CPUs and in a scope).
         wanted = getattr(model, "jit_compile", False) is True
-        unavailable = "under parameter_server" if parameter_server else xla_unavailable(strategy)
+        unavailable = f"under {strategy.name}" if strategy.coordinated else strategy.xla_unavailable()
         if wanted and not unavailable:
             step_fn = tf.function(step_fn, jit_compile=True, reduce_retracing=True)
             test_step = tf.function(test_step, jit_compile=True, reduce_retracing=True)
@@ -133,7 +134,7 @@ class _Functions:
             log.warning("jit_compile=True is not applied %s; the steps run without XLA", unavailable)
         self._model, self._strategy, self._step, self._test_step = model, strategy, step_fn, test_step
         self._reduce = _reducer(strategy, metric_names)
-        self._ps = parameter_server
+        self._scheduled = strategy.coordinated
         self._train: dict[int, Any] = {}
         self.test = tf.function(self._test_one, reduce_retracing=True, autograph=False)
         self.test_scheduled = tf.function(self._test_next, autograph=False)
@@ -156,7 +157,7 @@ class _Functions:
                         return i + 1, reduce(strategy.run(step, args=(next(iterator),)))
 
                     _, logs = tf.while_loop(lambda i, _: i < n - 1, body, (tf.constant(0), logs))
-                return {} if self._ps else self._logs(logs)
+                return {} if self._scheduled else self._logs(logs)
 
             # No autograph, as in Keras' own train function: the user's train_step is traced as written.
             self._train[n] = without_retracing_warning(tf.function(run, autograph=False))
@@ -279,14 +280,15 @@ def run_loop(
     _checks.check_int("steps_per_execution", steps_per_execution, error=DataError, minimum=1)
     _checks.check_int("grad_accum_steps", grad_accum_steps, error=DataError, minimum=1)
     _checks.check_int("validation_freq", validation_freq, error=DataError, minimum=1)
-    kind = _kind(strategy)
-    parameter_server = kind == "parameter_server"
-    if parameter_server != (coordinator is not None):
+    strategy = wrap(strategy)
+    scheduled = strategy.coordinated
+    if scheduled != (coordinator is not None):
         raise DataError(
             f"a ClusterCoordinator goes with parameter_server and only with it; received coordinator={coordinator!r} "
-            f"under {type(strategy).__name__}. Fix: pass the coordinator that schedules this strategy's steps, or none."
+            f"under {type(strategy.tf).__name__}. Fix: pass the coordinator that schedules this strategy's steps, "
+            "or none."
         )
-    if parameter_server and validation_data is not None and validation_steps is None:
+    if scheduled and validation_data is not None and validation_steps is None:
         raise DataError(
             "validation under parameter_server reads a per-worker dataset that never ends; received validation_steps=None. "
             "Fix: pass validation_steps (batches per validation)."
@@ -297,13 +299,13 @@ def run_loop(
 
     if grad_accum_steps > 1:
         check_accumulation(model, strategy, grad_accum_steps)
-        step_fn = accumulating_train_step(model, grad_accum_steps, unrolled=kind == "central_storage")
+        step_fn = accumulating_train_step(model, grad_accum_steps, unrolled=strategy.aggregating_variables)
     else:
         step_fn = model.train_step
     with strategy.scope():
         metric_names = frozenset(model.get_metrics_result())  # read once, in the same place on every worker
-    functions = _Functions(model, strategy, step_fn, metric_names, parameter_server=parameter_server)
-    if validation_data is not None and not parameter_server and isinstance(validation_data, tf.data.Dataset):
+    functions = _Functions(model, strategy, step_fn, metric_names)
+    if validation_data is not None and not scheduled and isinstance(validation_data, tf.data.Dataset):
         validation_data = strategy.experimental_distribute_dataset(validation_data)
 
     callback_list = keras.callbacks.CallbackList(
@@ -313,7 +315,7 @@ def run_loop(
     history = next(c for c in callback_list.callbacks if isinstance(c, keras.callbacks.History))
     model.stop_training = False
     iterator = iter(train_data)
-    in_flight = _ScheduledSteps(strategy, coordinator) if parameter_server else None
+    in_flight = _ScheduledSteps(strategy, coordinator) if scheduled else None
     step = start_step
     epoch_logs: dict = {}
     callback_list.on_train_begin()
@@ -331,7 +333,7 @@ def run_loop(
             begin = step % steps_per_epoch
             n = min(steps_per_execution - begin % steps_per_execution, steps_per_epoch - begin)
             callback_list.on_train_batch_begin(begin)
-            if parameter_server:
+            if scheduled:
                 in_flight.add(coordinator.schedule(functions.train(n), args=(iterator,)))
             else:
                 logs = functions.train(n)(iterator)
@@ -340,7 +342,7 @@ def run_loop(
             hooks.on_step_end(step)
             if model.stop_training:
                 break
-        if parameter_server:
+        if scheduled:
             coordinator.join()
             with strategy.scope():
                 logs = model.get_metrics_result()
@@ -379,11 +381,12 @@ def evaluate_loop(model, *, strategy, data, steps: int | None = None, callbacks:
     import keras
 
     check_model(model)
+    strategy = wrap(strategy)
 
     def make():
         with strategy.scope():
             metric_names = frozenset(model.get_metrics_result())
-        return _Functions(model, strategy, model.train_step, metric_names, parameter_server=False)
+        return _Functions(model, strategy, model.train_step, metric_names)
 
     functions = _EVALUATED.get(model, make)
     callback_list = keras.callbacks.CallbackList(list(callbacks), add_progbar=verbose != 0, model=model,

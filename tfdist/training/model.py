@@ -63,7 +63,8 @@ def check_precision(precision: str | None, *, strategy: str) -> None:
     """Refuses ``mixed_float16`` under central_storage before anything is built: its loss scaling
     needs one copy of each variable per replica. tf_keras refuses it in ``compile``, and Keras
     3's loss-scale optimizer fails in its first step (an aggregating variable's update)."""
-    if precision == "mixed_float16" and strategy == strategy_mod.CENTRAL_STORAGE:
+    kind = strategy_mod.KINDS.get(strategy)
+    if precision == "mixed_float16" and kind is not None and kind.aggregating_variables:
         raise ModelError(
             f"mixed_float16 needs loss scaling, which does not run where the replicas share one copy of the "
             f"variables; received strategy={strategy!r}. Fix: use mixed_precision='mixed_bfloat16' (no loss "

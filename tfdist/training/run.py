@@ -261,7 +261,7 @@ def fit(
         history = adapter.history(controller.history, keras_history)
         history.tfdist = summarize(
             strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
-            all_reduce=strategy_mod.all_reduce_of(strat),
+            all_reduce=strat.all_reduce,
             sizes=shape.sizes, plan=shape.plan, global_step=controller.global_step, start_step=start_step,
             resumed_from=point.path if point is not None else None, history=controller.history,
             train_seconds=controller.train_seconds, wall_seconds=time.monotonic() - wall_start,
@@ -286,7 +286,7 @@ def _run_shape(strat, traits, shape: _Shape, checkpoint_dir: str | None, start_s
     """What ``on_run_begin`` callbacks (trackers) receive: the run's strategy, batch sizes and steps."""
     sizes, plan = shape.sizes, shape.plan
     return dict(strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
-                all_reduce=strategy_mod.all_reduce_of(strat), global_batch_size=sizes.global_batch_size,
+                all_reduce=strat.all_reduce, global_batch_size=sizes.global_batch_size,
                 per_replica_batch_size=sizes.per_replica_batch_size, micro_batch_size=sizes.micro_batch_size,
                 grad_accum_steps=sizes.grad_accum_steps, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                 seed=plan.seed, checkpoint_dir=checkpoint_dir, start_step=start_step)
@@ -325,14 +325,16 @@ def _strategy_built_in(model: Any, strategy: Any) -> Any:
     import tensorflow as tf
 
     owned = keras_compat.owning_strategy(model)
-    if owned is None or owned is strategy or not isinstance(strategy, (str, tf.distribute.Strategy)):
+    given_tf = strategy.tf if isinstance(strategy, strategy_mod.Strategy) else strategy
+    if owned is None or owned is given_tf or not isinstance(given_tf, (str, tf.distribute.Strategy)):
         return strategy
-    name = strategy_mod.name_of(owned)
-    if strategy in ("auto", name):
+    kind = type(strategy_mod.wrap(owned))
+    if isinstance(strategy, str) and (strategy == "auto" or strategy_mod.KINDS.get(strategy) is kind):
         log.info("model %s was built in the scope of a %s: training under it", getattr(model, "name", "?"),
                  type(owned).__name__)
         return owned
-    given = strategy if isinstance(strategy, str) else type(strategy).__name__
+    name = kind.name
+    given = strategy if isinstance(strategy, str) else type(given_tf).__name__
     raise ModelError(
         f"the model was built in the scope of a {type(owned).__name__} ({name}), and cannot train under another "
         f"strategy; received strategy={given!r}. Fix: pass that strategy object (strategy=...) or 'auto', or pass a "
@@ -476,7 +478,7 @@ def _data_plan(data, validation_data, strat, traits, *, validation_split, valida
     )
     plan = data_mod.make_plan(
         source, sizes, steps_per_epoch=steps_per_epoch, epochs=epochs, seed=seed, shuffle=shuffle,
-        parameter_server=traits.coordinated, num_workers=traits.step_tasks,
+        per_worker=strat.per_worker_input, num_workers=traits.step_tasks,
         recorded_order=recorded.data_order if recorded is not None else None, strategy=strat,
     )
     log.info("%s; %d steps per epoch, %d epoch(s)", sizes.describe(), plan.steps_per_epoch, epochs)
@@ -578,7 +580,7 @@ def _checkpoints(options, adapter, built, strat, traits, shape: _Shape, cluster,
         class_weight=shape.class_weight.record() if shape.class_weight is not None else None,
     )
     checkpointer = Checkpointer(
-        options=options, state=adapter.state(built), strategy=strat, is_chief=cluster.is_chief,
+        options=options, state=adapter.state(built), strategy=strat.tf, is_chief=cluster.is_chief,
         task_name=cluster.task_name, run_metadata=run, callback_arrays=callback_state.arrays,
     )
     point = checkpointer.restore()
@@ -658,7 +660,7 @@ def _already_complete(point: ResumePoint, adapter, built, checkpointer: Checkpoi
     history.set_model(built)
     history.tfdist = summarize(
         strategy=traits.name, num_replicas=strat.num_replicas_in_sync, num_workers=traits.step_tasks,
-        all_reduce=strategy_mod.all_reduce_of(strat),
+        all_reduce=strat.all_reduce,
         sizes=shape.sizes, plan=shape.plan, global_step=point.global_step, start_step=point.global_step,
         resumed_from=point.path, history=point.metadata.history, train_seconds=0.0,
         wall_seconds=time.monotonic() - wall_start, checkpoint_dir=checkpointer.options.directory, completed=True,
@@ -684,8 +686,8 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
                                      start_step=start_step, keep=options.keep if options else 1)
         if checkpointer is not None:
             checkpointer.before_save.append(train.save)
-    elif traits.coordinated:
-        train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, parameter_server=True,
+    elif strat.per_worker_input:
+        train = adapter.for_workers(data_mod.dataset_fn(shape.source, plan, start_step=start_step, per_worker=True,
                                                         class_weight=shape.class_weight))
     else:
         train = strat.distribute_datasets_from_function(_endless(data_mod.dataset_fn(
@@ -694,8 +696,8 @@ def _datasets(adapter, strat, traits: strategy_mod.Traits, shape: _Shape, *, sta
     if shape.validation is None:
         return train, None, None
     validation, steps = data_mod.validation_input(shape.validation, sizes, strategy=strat,
-                                                  parameter_server=traits.coordinated)
-    if traits.coordinated:
+                                                  per_worker=strat.per_worker_input)
+    if strat.per_worker_input:
         validation = adapter.validation_for_workers(validation)
     return train, validation, steps
 

@@ -374,7 +374,11 @@ def _raises(node: ast.AST) -> bool:
 
 
 def _properties(node: ast.AST) -> set[str]:
-    return {n.name for n in getattr(node, "body", []) if isinstance(n, ast.FunctionDef)}
+    """A class's own members: its methods and properties, and the attributes its body assigns."""
+    body = getattr(node, "body", [])
+    names = {n.name for n in body if isinstance(n, ast.FunctionDef)}
+    names |= {n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    return names | {t.id for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
 
 
 def test_the_api_reference_shows_every_public_name():

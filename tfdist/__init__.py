@@ -37,6 +37,7 @@ _LAZY = {
     "CheckpointOptions": "tfdist.checkpoint.checkpointer",
     "StrategyOptions": "tfdist.strategy",
     "make_strategy": "tfdist.strategy",
+    "Strategy": "tfdist.strategy_kinds",
     "split_cpu": "tfdist.strategy",
     "detect_cluster": ("tfdist.cluster", "detect"),
     "ClusterSpec": "tfdist.cluster",
@@ -60,6 +61,7 @@ __all__ = [
     "CheckpointOptions",
     "StrategyOptions",
     "make_strategy",
+    "Strategy",
     "split_cpu",
     "detect_cluster",
     "ClusterSpec",
@@ -104,6 +106,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tfdist.training.export import export, load_model, save_model
     from tfdist.planning import Plan, plan
     from tfdist.strategy import StrategyOptions, make_strategy, split_cpu
+    from tfdist.strategy_kinds import Strategy
 
 
 _SUBMODULES = ("callbacks", "tracking")

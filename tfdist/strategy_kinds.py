@@ -61,6 +61,11 @@ class Strategy:
     ``strategy.num_replicas_in_sync``, ``strategy.run(fn, args=...)``. Pass ``strategy.tf``
     to an API that needs TensorFlow's own object.
 
+    Args:
+      tf_strategy: The TensorFlow strategy of this kind.
+      cluster: This task's cluster. Defaults to None: detected when ``traits`` first needs it.
+      all_reduce: The all-reduce tfdist chose. Defaults to None: TensorFlow chose, or none applies.
+
     Attributes:
       name: the registry name of the kind, such as ``"mirrored"``.
       coordinated: a ClusterCoordinator schedules the steps on worker tasks (``coordinator``);
@@ -87,13 +92,7 @@ class Strategy:
 
     def __init__(self, tf_strategy: "tf.distribute.Strategy", *, cluster: ClusterSpec | None = None,
                  all_reduce: str | None = None):
-        """Wraps ``tf_strategy``; ``make_strategy`` and ``wrap`` call it.
-
-        Args:
-          tf_strategy: The TensorFlow strategy of this kind.
-          cluster: This task's cluster. Defaults to None: detected when ``traits`` first needs it.
-          all_reduce: The all-reduce tfdist chose, or None where TensorFlow chose or none applies.
-        """
+        """Wraps ``tf_strategy``; ``make_strategy`` and ``wrap`` call it."""
         self._tf = tf_strategy
         self._cluster = cluster
         self._all_reduce = all_reduce
@@ -130,13 +129,27 @@ class Strategy:
         return self.traits_in(self.cluster)
 
     def traits_in(self, cluster: ClusterSpec) -> Traits:
-        """What the strategy means for the training loop in ``cluster``."""
+        """What the strategy means for the training loop in ``cluster``.
+
+        Args:
+          cluster: The cluster the strategy trains in.
+
+        Returns:
+          The strategy's ``Traits`` there.
+        """
         return Traits(name=self.name, coordinated=self.coordinated, step_tasks=self._step_tasks(cluster),
                       multi_process=self._multi_process(cluster))
 
     @classmethod
     def trains_on(cls, cluster: ClusterSpec) -> bool:
-        """Whether a task of ``cluster`` trains under this kind (False: it serves the chief)."""
+        """Whether a task of ``cluster`` trains under this kind.
+
+        Args:
+          cluster: This task's cluster.
+
+        Returns:
+          True where the task trains; False where it serves the chief.
+        """
         return True
 
     def _step_tasks(self, cluster: ClusterSpec) -> int:
@@ -167,27 +180,78 @@ class Strategy:
         return getattr(self._tf, "cluster_resolver", None)
 
     def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, options: Any = None) -> Any:
-        """TensorFlow's ``strategy.run``: ``fn`` on every replica."""
+        """TensorFlow's ``strategy.run``: ``fn`` on every replica.
+
+        Args:
+          fn: The function each replica runs.
+          args: Its positional arguments. Defaults to none.
+          kwargs: Its keyword arguments. Defaults to None: none.
+          options: TensorFlow's ``tf.distribute.RunOptions``. Defaults to None.
+
+        Returns:
+          The per-replica results.
+        """
         return self._tf.run(fn, args=args, kwargs=kwargs, options=options)
 
     def reduce(self, reduce_op: Any, value: Any, axis: int | None) -> Any:
-        """TensorFlow's ``strategy.reduce``: per-replica values to one."""
+        """TensorFlow's ``strategy.reduce``: per-replica values to one.
+
+        Args:
+          reduce_op: ``tf.distribute.ReduceOp.SUM`` or ``MEAN``.
+          value: The per-replica values.
+          axis: The axis reduced within each replica's value, or None.
+
+        Returns:
+          The reduced value.
+        """
         return self._tf.reduce(reduce_op, value, axis=axis)
 
     def gather(self, value: Any, axis: int) -> Any:
-        """TensorFlow's ``strategy.gather``: per-replica values joined along ``axis``."""
+        """TensorFlow's ``strategy.gather``: per-replica values joined along ``axis``.
+
+        Args:
+          value: The per-replica values.
+          axis: The axis they are joined along.
+
+        Returns:
+          The joined value.
+        """
         return self._tf.gather(value, axis=axis)
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
-        """TensorFlow's ``strategy.experimental_distribute_dataset``: global batches split among replicas."""
+        """TensorFlow's ``strategy.experimental_distribute_dataset``: global batches split among replicas.
+
+        Args:
+          dataset: A ``tf.data.Dataset`` of global batches.
+          options: TensorFlow's ``tf.distribute.InputOptions``. Defaults to None.
+
+        Returns:
+          TensorFlow's distributed dataset.
+        """
         return self._tf.experimental_distribute_dataset(dataset, options=options)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
-        """TensorFlow's ``strategy.distribute_datasets_from_function``: one pipeline per input worker."""
+        """TensorFlow's ``strategy.distribute_datasets_from_function``: one pipeline per input worker.
+
+        Args:
+          dataset_fn: A function of a ``tf.distribute.InputContext`` returning a dataset of
+            per-replica batches.
+          options: TensorFlow's ``tf.distribute.InputOptions``. Defaults to None.
+
+        Returns:
+          TensorFlow's distributed dataset.
+        """
         return self._tf.distribute_datasets_from_function(dataset_fn, options=options)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
-        """TensorFlow's ``strategy.experimental_distribute_values_from_function``: a value per replica."""
+        """TensorFlow's ``strategy.experimental_distribute_values_from_function``: a value per replica.
+
+        Args:
+          value_fn: A function of a ``tf.distribute.ValueContext`` returning one replica's value.
+
+        Returns:
+          The per-replica values.
+        """
         return self._tf.experimental_distribute_values_from_function(value_fn)
 
     # --- behaviour -----------------------------------------------------------------------------
@@ -209,7 +273,15 @@ class Strategy:
 
     def call_as_step(self, fn: Callable, *args: Any) -> Any:
         """``fn(*args)`` as a step runs it: in every replica (``run``), or, where steps are scheduled
-        on workers, as the scheduled function calls it."""
+        on workers, as the scheduled function calls it.
+
+        Args:
+          fn: The step's function.
+          *args: Its arguments.
+
+        Returns:
+          What ``fn`` returns.
+        """
         return self.run(fn, args=args)
 
     def xla_unavailable(self, *, one_copy_compiles: bool = False) -> str | None:
@@ -236,7 +308,14 @@ class Strategy:
         whatever its number of local replicas). Every worker must call it at the same step.
 
         The all-reduce runs in a ``tf.function`` made once per strategy: run eagerly it costs
-        about twice as much (4 against 2 ms between two local CPU workers)."""
+        about twice as much (4 against 2 ms between two local CPU workers).
+
+        Args:
+          values: This worker's integers.
+
+        Returns:
+          Each integer summed over the workers.
+        """
         import tensorflow as tf
 
         if self._summed is None:

@@ -488,7 +488,7 @@ def plan(
     measure: bool = False,
     measure_steps: int = 20,
     measure_warmup: int = 3,
-    strategy: str = "auto",
+    strategy: Any = "auto",
     keras: str = "3",
     optimizer_slots: int = 2,
     precision: str = "float32",
@@ -534,7 +534,8 @@ def plan(
       measure: Time the step with a short real run of ``model`` on this machine. Defaults to False.
       measure_steps: The steps timed when measuring. Defaults to 20.
       measure_warmup: The steps run before timing, when measuring. Defaults to 3.
-      strategy: The strategy of the measuring run. Defaults to ``"auto"``.
+      strategy: The strategy of the measuring run: a name, a [`Strategy`][tfdist.Strategy] or a
+        ``tf.distribute.Strategy``. Defaults to ``"auto"``.
       keras: The Keras that builds and measures ``model``: ``"3"`` (``import keras``, timed in
         tfdist's own loop) or ``"2"`` (tf_keras, timed with its ``model.fit``). Defaults to ``"3"``.
       optimizer_slots: Float32 values the optimizer keeps per parameter: 2 for Adam, 0 for SGD.

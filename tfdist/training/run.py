@@ -112,7 +112,8 @@ def fit(
       steps_per_epoch: The optimizer steps of one epoch. Each epoch then reads on where the last
         one stopped, as in Keras. Defaults to None: one pass over the data.
       strategy: ``"auto"``, a strategy name (``"one_device"``, ``"mirrored"``,
-        ``"multi_worker_mirrored"``, ``"parameter_server"``, ``"central_storage"``) or a ready
+        ``"multi_worker_mirrored"``, ``"parameter_server"``, ``"central_storage"``), the
+        [`Strategy`][tfdist.Strategy] that ``make_strategy`` returns, or your own
         ``tf.distribute.Strategy``. Defaults to ``"auto"``, which picks from the cluster.
       validation_data: Validation data in any form ``data`` takes. Defaults to None.
       validation_split: The fraction of in-memory arrays held out to validate, taken from their

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from tfdist import _checks
+from tfdist import _checks, _signals
 from tfdist._logs import without_retracing_warning
 from tfdist.errors import DataError, ModelError
 from tfdist.training.keras3 import check_accumulation, _kind, accumulating_train_step, check_model, uses_keras_step
@@ -150,6 +150,7 @@ class _Functions:
             strategy, step, reduce = self._strategy, self._step, self._reduce
 
             def run(iterator):
+                _signals.hold("first_trace")  # a test hook (TFDIST_TEST_HOLD); runs while the function is traced
                 logs = reduce(strategy.run(step, args=(next(iterator),)))
                 if n > 1:
                     def body(i, logs):

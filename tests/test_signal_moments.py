@@ -14,10 +14,11 @@ import os
 import re
 import signal
 import sys
+import threading
 
 import pytest
 
-from conftest import Processes, assert_bit_identical, base_env, checkpoint_tensors
+from conftest import Processes, assert_bit_identical, base_env, checkpoint_tensors, wait_for
 
 from tfdist import env
 from tfdist.checkpoint import layout
@@ -165,10 +166,41 @@ def test_launched_workers_signalled_at_their_first_trace_and_one_at_its_restore_
     assert_bit_identical(tensors, uninterrupted)
 
 
+@pytest.mark.timeout(30)
+def test_the_hold_waits_for_a_signal_which_the_handler_in_place_answers(monkeypatch, capsys):
+    from tfdist import _signals
+
+    received = []
+
+    def handler(signum, frame):
+        received.append(signum)
+
+    def send_when_held():
+        wait_for(lambda: "restore" in _signals._held, timeout=20, interval=0.01, what="the hold")
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    monkeypatch.setenv(env.TFDIST_TEST_HOLD, "restore")
+    monkeypatch.setattr(_signals, "_held", set())
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        sender = threading.Thread(target=send_when_held)
+        sender.start()
+        _signals.hold("restore")  # returns once the signal came
+        sender.join()
+        assert received == [signal.SIGUSR1]
+        assert signal.getsignal(signal.SIGUSR1) is handler  # the handlers in place are put back
+        _signals.hold("restore")  # once a process: no second hold
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert f"TFDIST_TEST_HOLD: held at restore (pid {os.getpid()})" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
 def test_the_hold_waits_for_the_named_task_and_moment_only(monkeypatch):
     """Another moment, another task, or a restarted cluster: no hold (the call returns at once)."""
     from tfdist import _signals
 
+    monkeypatch.setattr(_signals, "_held", set())
     monkeypatch.setenv(env.TF_CONFIG, '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}')
     for wanted, restart in (("restore", "0"), ("worker:1/first_trace", "0"), ("worker:0/first_trace", "1")):
         monkeypatch.setenv(env.TFDIST_TEST_HOLD, wanted)

@@ -95,7 +95,6 @@ def hold(moment: str) -> None:
         return
     if threading.current_thread() is not threading.main_thread():
         return
-    _held.add(moment)
     received: list[int] = []
     signals = (*PREEMPTION_SIGNALS, signal.SIGINT)
     previous = {signum: signal.getsignal(signum) for signum in signals}
@@ -113,6 +112,7 @@ def hold(moment: str) -> None:
     try:
         for signum in signals:
             signal.signal(signum, answer)
+        _held.add(moment)  # held from here: a signal now ends the wait
         sys.stderr.write(f"tfdist: {env.TFDIST_TEST_HOLD}: held at {moment} (pid {os.getpid()})\n")
         sys.stderr.flush()
         while not received:

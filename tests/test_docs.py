@@ -25,18 +25,22 @@ from conftest import REPO, base_env, free_port, wait_for
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^```[ \t]*$", re.S | re.M)
 NOT_RUN = re.compile(r"<!--\s*not-run:(?P<reason>.*?)-->\s*$")
 RUN = {"python", "bash"}
-PARSED = {"json": json.loads}
-SHOWN = {"text"}  # output or layouts: shown, never run
 
-# Pages other changes write or edit: their blocks are checked once those changes add the
-# not-run markers this test asks for.
-ELSEWHERE = {"docs/launch.md", "docs/multi-host.md", "docs/data.md", "docs/outputs.md", "docs/ray.md"}
+
+def _yaml(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+PARSED = {"json": json.loads, "yaml": _yaml}
+SHOWN = {"text"}  # output or layouts: shown, never run
+NAMED_TEST = re.compile(r"\btests/[\w/]+\.py\b")  # a marker may name the test that runs what the block shows
 
 
 def _pages() -> list[str]:
-    pages = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "**", "*.md"),
-                                                                                 recursive=True))
-    return [p for p in pages if p not in ELSEWHERE]
+    return ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "**", "*.md"),
+                                                                               recursive=True))
 
 
 PAGES = _pages()
@@ -69,6 +73,9 @@ def test_every_block_is_labelled_and_markers_give_a_reason(page):
         if reason is not None:
             assert len(reason) >= 10, f"{where}: a not-run marker must say why the block cannot run here"
             assert lang in RUN, f"{where}: only python and bash blocks take a not-run marker"
+            for named in NAMED_TEST.findall(reason):
+                assert os.path.isfile(os.path.join(REPO, named)), (
+                    f"{where}: the not-run marker names {named}, which does not exist")
         if lang in PARSED:
             PARSED[lang](code)  # raises on a block that does not parse
     for marker in re.finditer(r"<!--\s*not-run\b(?P<rest>[^>]*)-->", text):
@@ -92,6 +99,8 @@ def test_the_block_parser_finds_markers_and_languages():
     found = blocks(text)
     assert [(lang, reason) for lang, _, reason, _ in found] == [("bash", "needs a Kubernetes cluster"), ("python", None)]
     assert found[1][1] == "print(1)\n"
+    assert NAMED_TEST.findall("needs Slurm; tests/engines/test_slurm_engine.py runs it") == [
+        "tests/engines/test_slurm_engine.py"]
 
 
 def _runnable(page: str) -> tuple[str, str]:

@@ -10,15 +10,21 @@ default action would kill it instead (exit 143 or 138), which they do not restar
 ``install`` runs as the first statement of ``import tfdist``, so it covers ``tfdist train``
 and a user's script from that line on. It replaces only a signal's default action: a handler
 the program set stays. Nothing here imports TensorFlow.
+
+``hold`` is a test hook (``TFDIST_TEST_HOLD``): it stops a task at a named moment of its life
+until a signal comes, so that a test signals it there without racing a timer.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import threading
+import time
 
+from tfdist import env
 from tfdist.env import EXIT_PREEMPTED
 
 PREEMPTION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
@@ -61,3 +67,62 @@ def install() -> None:
         if signal.getsignal(signum) is signal.SIG_DFL:
             signal.signal(signum, _outside_training)
 
+
+
+HOLD_MOMENTS = ("restore", "first_trace", "final_save")
+"""The moments ``hold`` can stop at: restoring a checkpoint, tracing the first training step,
+waiting for the run's last save to be written."""
+_held: set[str] = set()
+
+
+def hold(moment: str) -> None:
+    """A test hook: holds the process at ``moment`` until a signal comes, when
+    ``TFDIST_TEST_HOLD`` names it.
+
+    The value is ``[ROLE:INDEX/]MOMENT``, with ``MOMENT`` one of ``HOLD_MOMENTS``. The process
+    prints ``tfdist: TFDIST_TEST_HOLD: held at MOMENT (pid N)`` and waits. SIGTERM, SIGUSR1 or
+    SIGINT ends the wait: the handler in place answers it, as it would at that moment. A
+    moment holds once a process, and on the first run of a cluster only, as ``TFDIST_FAULT``.
+
+    Args:
+      moment: where the caller is, one of ``HOLD_MOMENTS``.
+    """
+    wanted = env.get(env.TFDIST_TEST_HOLD)
+    if wanted is None or moment in _held or (env.get(env.TFDIST_RESTART) or "0") != "0":
+        return
+    target, _, asked = wanted.rpartition("/")
+    if asked != moment or (target and target != _task_name()):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    received: list[int] = []
+    signals = (*PREEMPTION_SIGNALS, signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+
+    def answer(signum, frame):
+        received.append(signum)
+        for other, handler in previous.items():
+            signal.signal(other, handler)
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)
+
+    try:
+        for signum in signals:
+            signal.signal(signum, answer)
+        _held.add(moment)  # held from here: a signal now ends the wait
+        sys.stderr.write(f"tfdist: {env.TFDIST_TEST_HOLD}: held at {moment} (pid {os.getpid()})\n")
+        sys.stderr.flush()
+        while not received:
+            time.sleep(0.02)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _task_name() -> str:
+    """``ROLE:INDEX`` of this task from its TF_CONFIG; ``local`` without one."""
+    task = json.loads(env.get(env.TF_CONFIG) or "{}").get("task") or {}
+    return f"{task.get('type')}:{task.get('index')}" if task else "local"

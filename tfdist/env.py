@@ -51,6 +51,10 @@ QUIET_TF_CPP_MIN_LOG_LEVEL = "2"
 TFDIST_FAULT = "TFDIST_FAULT"
 """Fault injection for tests and drills, e.g. ``worker:1/kill_at_step:13`` (see tfdist.training.faults)."""
 
+TFDIST_TEST_HOLD = "TFDIST_TEST_HOLD"
+"""A test hook: ``[ROLE:INDEX/]MOMENT`` holds the task at a moment of its life until a signal
+comes, e.g. ``worker:1/restore`` (see ``tfdist._signals.hold``)."""
+
 DEFAULT_SLURM_PORT_BASE = 8888
 DEFAULT_STARTUP_TIMEOUT = 60.0
 

@@ -1,7 +1,9 @@
 """docs/ray.md's recipe: ``tfdist.fit`` in every worker of Ray Train's ``TensorflowTrainer``.
 
-Run as ``python _ray_fit.py CHECKPOINT_DIR [TFDIST_FAULT]``. Each worker writes what its fit
-returned to ``CHECKPOINT_DIR/result-RANK.json``.
+Run as ``python _ray_fit.py CHECKPOINT_DIR TFDIST_FAULT [CHECKPOINT_DIR TFDIST_FAULT ...]``:
+one training run a pair, one after the other on one local Ray cluster (an empty
+``TFDIST_FAULT`` for none). Each worker writes what its fit returned to
+``CHECKPOINT_DIR/result-RANK.json``.
 """
 
 import tfdist  # noqa: I001 -- first: a preemption signal from here on exits 75
@@ -31,17 +33,19 @@ def train(config):
                    "global_step": s.global_step}, f)
 
 
-def main(checkpoint_dir: str, fault: str = "") -> None:
+def main(*runs: str) -> None:
     ray.init(num_cpus=2, include_dashboard=False)
-    trainer = TensorflowTrainer(
-        train,
-        train_loop_config={"checkpoint_dir": checkpoint_dir, "env": {"TFDIST_FAULT": fault} if fault else {}},
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
-        # A worker that dies restarts the whole group once; each fit resumes from checkpoint_dir.
-        run_config=RunConfig(storage_path=os.path.join(checkpoint_dir, "ray"),
-                             failure_config=FailureConfig(max_failures=1)),
-    )
-    trainer.fit()
+    for checkpoint_dir, fault in zip(runs[::2], runs[1::2]):
+        trainer = TensorflowTrainer(
+            train,
+            # Set in every run: a worker process Ray reuses keeps no fault of the run before.
+            train_loop_config={"checkpoint_dir": checkpoint_dir, "env": {"TFDIST_FAULT": fault}},
+            scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
+            # A worker that dies restarts the whole group once; each fit resumes from checkpoint_dir.
+            run_config=RunConfig(storage_path=os.path.join(checkpoint_dir, "ray"),
+                                 failure_config=FailureConfig(max_failures=1)),
+        )
+        trainer.fit()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from tfdist import _checks, _logs, storage
+from tfdist import _checks, _logs, _signals, storage
 from tfdist._compat import tensorflow as tf_compat
 from tfdist._compat import tracking
 from tfdist.checkpoint import layout, ownership
@@ -550,6 +550,8 @@ class Checkpointer:
     def close(self) -> None:
         """Waits for the last save; removes a non-chief worker's throw-away directory, or marks
         the chief's record as the directory's writer as ended (``ownership``)."""
+        if self._in_flight is not None:
+            _signals.hold("final_save")
         try:
             self.sync()
         finally:
@@ -632,6 +634,7 @@ class Checkpointer:
             try:
                 if path != paths[-1]:  # the newest was checked above
                     self._check_compatible(path, metadata)
+                _signals.hold("restore")
                 status = self._restore_root.restore(path)
                 # What the checkpoint has and this run does not restore here -- the per-replica
                 # values and the callbacks' arrays, restored below -- is left out on purpose (and

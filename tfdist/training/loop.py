@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from tfdist import _checks
+from tfdist import _checks, _signals
 from tfdist._logs import without_retracing_warning
 from tfdist.errors import DataError, ModelError
 from tfdist.strategy_kinds import wrap
@@ -151,6 +151,7 @@ class _Functions:
             strategy, step, reduce = self._strategy, self._step, self._reduce
 
             def run(iterator):
+                _signals.hold("first_trace")  # a test hook (TFDIST_TEST_HOLD); runs while the function is traced
                 logs = reduce(strategy.run(step, args=(next(iterator),)))
                 if n > 1:
                     def body(i, logs):

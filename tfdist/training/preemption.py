@@ -141,6 +141,7 @@ class PreemptionWatcher(_SignalHandlers):
         self._event = threading.Event()
         self.signal_name: str | None = None
         self.received_at: float | None = None
+        self._warned = False
 
     @property
     def requested(self) -> bool:
@@ -180,7 +181,8 @@ class PreemptionWatcher(_SignalHandlers):
         if threading.current_thread() is threading.main_thread():
             if signal.getsignal(INTERRUPT) is not signal.SIG_IGN:  # an ignored Ctrl-C stays ignored
                 self._install(INTERRUPT, self._handle_interrupt)
-        else:
+        elif not self._warned:  # entered again while the last save is written: said once
+            self._warned = True
             log.warning("tfdist.fit runs outside the main thread: SIGTERM/SIGUSR1 cannot be caught for preemption")
         return self
 

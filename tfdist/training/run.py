@@ -805,7 +805,8 @@ def _run(adapter, built, controller: Controller, cluster, traits, shape: _Shape,
             raise failure from None
         raise
     if checkpointer is not None:
-        checkpointer.close()
+        with controller.preemption.watcher:  # a signal while the last save is written is answered once it is
+            checkpointer.close()
     if controller.preemption.watcher.interrupted:  # Ctrl-C came too late to stop before the end
         raise interrupted(controller.global_step, saved=checkpointer is not None, complete=True)
     return history

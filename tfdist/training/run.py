@@ -32,9 +32,9 @@ from tfdist.checkpoint import Checkpointer, CheckpointOptions, ResumePoint, RunM
 from tfdist.checkpoint import layout
 from tfdist.cluster import EVALUATOR, ClusterSpec, detect
 from tfdist.startup import serve
-from tfdist.errors import (BatchSizeError, CheckpointIOError, CheckpointMismatchError, DataError, ModelError,
-                           PeerUnavailableError, describe)
-from tfdist.errors import CheckpointError, StrategyError
+from tfdist.errors import (BatchSizeError, CheckpointError, CheckpointIOError, CheckpointMismatchError, DataError,
+                           ModelError, PeerUnavailableError, StrategyError, describe)
+from tfdist.strategy_kinds import kind_of
 from tfdist.training import model as model_mod
 from tfdist.training.callback_files import ChiefOnlyFiles
 from tfdist.training.callback_state import CallbackState
@@ -224,7 +224,7 @@ def fit(
             strat = strategy_mod.make_strategy(
                 strategy, cluster=cluster, **dataclasses.asdict(strategy_options),
             )
-            traits = strategy_mod.traits(strat, cluster)
+            traits = strat.traits_in(cluster)
             model_mod.check_precision(mixed_precision, strategy=traits.name)
             # 2. Data plan.
             shape = _data_plan(
@@ -329,7 +329,7 @@ def _strategy_built_in(model: Any, strategy: Any) -> Any:
     given_tf = strategy.tf if isinstance(strategy, strategy_mod.Strategy) else strategy
     if owned is None or owned is given_tf or not isinstance(given_tf, (str, tf.distribute.Strategy)):
         return strategy
-    kind = type(strategy_mod.wrap(owned))
+    kind = kind_of(owned)
     if isinstance(strategy, str) and (strategy == "auto" or strategy_mod.KINDS.get(strategy) is kind):
         log.info("model %s was built in the scope of a %s: training under it", getattr(model, "name", "?"),
                  type(owned).__name__)

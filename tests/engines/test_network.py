@@ -9,6 +9,7 @@ capability).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pathlib
@@ -38,8 +39,11 @@ for a loaded 2-core machine."""
 class Namespaces:
     """``count`` network namespaces on one bridge; ``command(i, ...)`` runs a command in the i-th."""
 
+    made = itertools.count()
+    """Numbers each set of one process: the kernel frees a deleted namespace's links some time later."""
+
     def __init__(self, count: int):
-        tag = f"tfd{os.getpid() % 100000}"
+        tag = f"tfd{os.getpid() % 100000}{next(self.made) % 10}"
         self.bridge = f"{tag}br"
         self.names = [f"{tag}n{i}" for i in range(count)]
         self.links = [f"{tag}v{i}" for i in range(count)]  # the host's end of each namespace's cable
@@ -58,6 +62,8 @@ class Namespaces:
                 _ip("-n", name, *args)
 
     def delete(self) -> None:
+        for link in self.links:  # both ends of the cable at once, not when the namespace is freed
+            subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
         for name in self.names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)

@@ -159,7 +159,9 @@ def test_two_workers_train_and_a_time_limit_signal_in_start_up_and_in_training_r
     # 1: a limit of one minute: Slurm signals at its next check (within about 30 s), mostly while the
     # tasks start (import, connect); on a fast machine it may come once training has begun.
     run_dir = slurm.directory / "preempted"
-    job, _ = slurm.submit("preempted", run_dir, minutes=1, STEP_SECONDS="0.3")
+    # Steps of 1.5 s: the training left after the second limit (40 steps or more) outlasts Slurm's
+    # signal, which comes at its next check of the limits, up to about a minute later.
+    job, _ = slurm.submit("preempted", run_dir, minutes=1, STEP_SECONDS="1.5")
     wait_for(lambda: slurm.job(job)["Restarts"] == "1", timeout=120, what="the first requeue")  # pending for 5 s
     slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
     first = _saved_steps(run_dir) or 0

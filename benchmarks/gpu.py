@@ -49,7 +49,11 @@ duration over epochs 2..E / steps per epoch (the first epoch traces the step; it
     epoch time of ``tfdist.fit`` on the GPU, with and without gradient accumulation
     (target +-15 %).
 
-    python benchmarks/gpu.py [--quick] [--allow-cpu] [--parts abcde] [--json PATH] [--markdown PATH]
+(f) A user's own tf.data pipeline (TFRecord files, ``map(parse)``, ``shuffle``, ``batch(drop_remainder=True)``,
+    ``prefetch``), with the ResNet in Keras 3: its input stall under ``tfdist.fit`` and under Keras 3's own
+    ``model.fit``, against ``model.fit`` on one batch repeated; and tfdist / ``model.fit`` step time.
+
+    python benchmarks/gpu.py [--quick] [--allow-cpu] [--parts abcdef] [--json PATH] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -94,14 +98,16 @@ def workloads(*, gpu: bool, quick: bool) -> Workload:
 
 
 # --- the child processes -------------------------------------------------------------------------
-def resnet_builder(w: dict):
-    """A function that builds and compiles the ResNet-style CNN (called inside a strategy's scope)."""
+def resnet_builder(w: dict, keras_name: str = "tf_keras"):
+    """A function that builds and compiles the ResNet-style CNN (called inside a strategy's scope),
+    with tf_keras (``keras_name="tf_keras"``, parts a, b, d) or Keras 3 (``"keras"``, part f)."""
 
     def build():
-        import tf_keras
+        import importlib
 
         from tfdist import models
 
+        tf_keras = importlib.import_module(keras_name)
         layers = tf_keras.layers
 
         def conv_bn(x, filters, kernel, stride=1):
@@ -119,7 +125,8 @@ def resnet_builder(w: dict):
                 x = layers.ReLU()(layers.Add()([shortcut, y]))
         x = layers.GlobalAveragePooling2D()(x)
         outputs = layers.Dense(w["classes"], dtype="float32")(x)  # logits in float32 under mixed precision
-        return models.compile_default(tf_keras.Model(inputs, outputs, name="resnet"), keras="2")
+        return models.compile_default(tf_keras.Model(inputs, outputs, name="resnet"),
+                                      keras="2" if keras_name == "tf_keras" else "3")
 
     return build
 
@@ -205,13 +212,10 @@ def _timer(turns, sampler):
     return Timer()
 
 
-def _tfrecord_source(x, y, directory: str, *, files: int = 1):
-    """The images written to ``files`` TFRecord files (uint8 bytes + label, example i in file i
-    mod ``files``), read back by tfdist.TFRecordSource."""
+def _write_records(x, y, directory: str, *, files: int) -> list[str]:
+    """The images as uint8 bytes + label in ``files`` TFRecord files (example i in file i mod ``files``)."""
     import numpy as np
     import tensorflow as tf
-
-    import tfdist
 
     pixels = (x * 255).astype(np.uint8)
     paths = []
@@ -223,6 +227,33 @@ def _tfrecord_source(x, y, directory: str, *, files: int = 1):
                            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
         paths.append(path)
+    return paths
+
+
+def user_pipeline(paths: list[str], shape: list[int], batch: int, seed: int):
+    """A user's own pipeline, as TensorFlow's tutorials write it: records parsed one by one, shuffled,
+    batched to the global batch with ``drop_remainder=True``, prefetched."""
+    import tensorflow as tf
+
+    def parse(serialized):
+        f = tf.io.parse_single_example(serialized, {"image": tf.io.FixedLenFeature([], tf.string),
+                                                    "label": tf.io.FixedLenFeature([], tf.int64)})
+        image = tf.reshape(tf.io.decode_raw(f["image"], tf.uint8), shape)
+        return tf.cast(image, tf.float32) / 255.0, tf.cast(f["label"], tf.int32)
+
+    dataset = tf.data.TFRecordDataset(paths).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.shuffle(2048, seed=seed).batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _tfrecord_source(x, y, directory: str, *, files: int = 1):
+    """The images written to ``files`` TFRecord files (uint8 bytes + label, example i in file i
+    mod ``files``), read back by tfdist.TFRecordSource."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist
+
+    paths = _write_records(x, y, directory, files=files)
     shape = list(x.shape[1:])
 
     def parse(serialized):  # one per-replica batch of records
@@ -257,8 +288,11 @@ def fit_child(spec: dict, conn) -> None:
 
     ``spec["kind"]``: ``tfdist`` (tfdist.fit on arrays), ``tfrecord`` (tfdist.fit on a
     TFRecordSource), ``plain`` (model.fit on a tf.data pipeline) or ``synthetic`` (model.fit
-    on one batch repeated).
+    on one batch repeated); part (f), with Keras 3: ``user tfdist`` (tfdist.fit on a user's own
+    pipeline), ``user plain`` (model.fit on the same pipeline) and ``user synthetic``.
     """
+    if spec["kind"].startswith("user "):
+        return user_fit_child(spec, conn)
     _common.quiet_tensorflow()
     _setup_devices(spec.get("carve"))
     import numpy as np
@@ -330,6 +364,51 @@ def fit_child(spec: dict, conn) -> None:
         utilization=[s for s in sampler.samples if s],
         params=int(timer.model.count_params()),
     )
+    turns.finish(result)
+
+
+def user_fit_child(spec: dict, conn) -> None:
+    """One variant of (f): the Keras 3 ResNet on a user's own tf.data pipeline over TFRecord files."""
+    _common.quiet_tensorflow()
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tfdist
+
+    w, kind, precision = spec["workload"], spec["kind"], spec["precision"]
+    batch = w["batch"]
+    x, y = _images(batch * w["steps"], w["image"], w["classes"])
+    paths = _write_records(x, y, tempfile.mkdtemp(prefix="tfdist-gpu-bench-", dir=spec["dir"]), files=8)
+    # Repeated, with steps_per_epoch: Keras' own fit stops a pipeline of unknown length after its first pass.
+    pipeline = user_pipeline(paths, list(x.shape[1:]), batch, spec["seed"]).repeat()
+    builder = resnet_builder(w, "keras")
+    turns = _common.Turns(conn)
+    timer = _timer(turns, UtilizationSampler(False))
+    turns.start()
+    start = time.perf_counter()
+    result = {"variant": spec["variant"], "kind": kind}
+    if kind == "user tfdist":
+        tfdist.fit(builder, pipeline, epochs=w["epochs"], steps_per_epoch=w["steps"], strategy="one_device",
+                   devices=spec["devices"],
+                   mixed_precision=None if precision == "float32" else precision, seed=spec["seed"], verbose=0,
+                   callbacks=[timer])
+    else:
+        keras.utils.set_random_seed(spec["seed"])
+        keras.mixed_precision.set_global_policy(precision)
+        with tf.distribute.OneDeviceStrategy(spec["devices"][0]).scope():
+            model = builder()
+        if kind == "user synthetic":
+            data = tf.data.Dataset.from_tensors((x[:batch], y[:batch])).repeat().prefetch(tf.data.AUTOTUNE)
+            model.fit(data, epochs=w["epochs"], steps_per_epoch=w["steps"], verbose=0, callbacks=[timer])
+        else:
+            model.fit(pipeline, epochs=w["epochs"], steps_per_epoch=w["steps"], verbose=0, callbacks=[timer])
+    durations = [e - b for b, e in zip(timer.begin, timer.end)]
+    step = float(np.median(durations[1:])) / w["steps"]
+    result.update(step_seconds=step, examples_per_second=batch / step, epoch_seconds=durations,
+                  first_epoch_seconds=durations[0], call_seconds=time.perf_counter() - start - turns.waited,
+                  replicas=1, global_batch=batch, loss=timer.loss, loss_scale=None, utilization=[],
+                  params=int(timer.model.count_params()))
     turns.finish(result)
 
 
@@ -618,6 +697,32 @@ def part_d(run: Run, precision: str, *, gather: bool = True) -> None:
                      f"GPU fed. The TFRecord row {'ran' if files else 'did not run: no tfdist.TFRecordSource here'}.")
 
 
+def part_f(run: Run, precision: str) -> None:
+    w = dataclasses.asdict(run.workload)
+    base = dict(workload=w, devices=[run.device], precision=precision, dir=run.workdir)
+    specs = {name: dict(base, variant=name, kind=name) for name in ("user tfdist", "user plain", "user synthetic")}
+    runs = run.lockstep(specs, "f")
+    run.results["f"] = {"runs": runs}
+    synthetic = runs["user synthetic"]
+    for name, what in (("user tfdist", "`tfdist.fit`"), ("user plain", "Keras 3's own `model.fit`")):
+        stall = _common.summary([1 - s["step_seconds"] / t["step_seconds"] for s, t in zip(synthetic, runs[name])])
+        run.results["f"][name] = {"stall": stall}
+        run.rows.append((
+            f"(f) input stall of a user's own tf.data pipeline (8 TFRecord files, `map(parse)`, `shuffle(2048)`, "
+            f"`batch({run.workload.batch}, drop_remainder=True)`, `prefetch`, `repeat`) under {what}: 1 - synthetic step / "
+            f"this step, Keras 3, {precision}, one_device {run.device}",
+            f"**{_common.fmt(stall, 100, ' %')}**; this {_common.fmt(_common.summary_of(runs[name], 'step_seconds'), 1e3, ' ms')}, "
+            f"synthetic {_common.fmt(_common.summary_of(synthetic, 'step_seconds'), 1e3, ' ms')}",
+            "(≈ 0: report)", "–"))
+    ratio = _common.paired(runs["user plain"], runs["user tfdist"], "step_seconds")
+    run.results["f"]["tfdist / plain"] = ratio
+    run.rows.append((f"(f) step time on that pipeline, `tfdist.fit` / Keras 3's `model.fit`, {precision}",
+                     f"**{_common.fmt_ratio(ratio)}**", f"≤ {TARGET_OVERHEAD}", run.verdict(ratio["median"], TARGET_OVERHEAD)))
+    run.notes.append("(f): synthetic = Keras 3's `model.fit` on `Dataset.from_tensors(one batch).repeat().prefetch()`. "
+                     "`tfdist.fit` reads the user's pipeline through its own iterator; no checkpoint directory is "
+                     "given, as in (d), so the figure is the input path alone.")
+
+
 def part_e(run: Run, script: str) -> None:
     import plan_accuracy
 
@@ -676,7 +781,7 @@ def main() -> int:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--allow-cpu", action="store_true",
                    help="without a GPU, run every part on the CPU with tiny sizes (tests the script; numbers meaningless)")
-    p.add_argument("--parts", default="abcde", help="which parts to run (default abcde)")
+    p.add_argument("--parts", default="abcdef", help="which parts to run (default abcdef)")
     _common.add_reps_option(p, default=3, what="lockstep repetitions", small="--quick and --allow-cpu")
     p.add_argument("--logical-gpus", type=int, default=2, help="(b) with one physical GPU: logical GPUs carved from it")
     p.add_argument("--logical-gpu-memory", type=int, default=6144, metavar="MB", help="(b) memory of each logical GPU")
@@ -731,12 +836,14 @@ def main() -> int:
             part_d(run, args.input_precision if gpu else "float32", gather=not args.no_gather)
         if "e" in args.parts:
             part_e(run, script)
+        if "f" in args.parts:
+            part_f(run, args.input_precision if gpu else "float32")
     finally:
         shutil.rmtree(run.workdir, ignore_errors=True)
     if gpu:
         run.notes.append("GPUs: " + "; ".join(info["gpu_details"]) + ".")
     flags = [f for f, on in (("--quick", args.quick), ("--allow-cpu", args.allow_cpu)) if on]
-    if args.parts != "abcde":
+    if args.parts != "abcdef":
         flags.append(f"--parts {args.parts}")
     if args.no_gather:
         flags.append("--no-gather")

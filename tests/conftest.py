@@ -3,8 +3,11 @@ a callback that crashes a run."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,6 +53,12 @@ class Processes:
 
     def __init__(self):
         self._procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "Processes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def start(self, args, *, env=None, cwd=None) -> subprocess.Popen:
         proc = subprocess.Popen(
@@ -111,6 +120,32 @@ def procs():
     processes = Processes()
     yield processes
     processes.close()
+
+
+@pytest.fixture(scope="session")
+def reference_runs(tmp_path_factory):
+    """``get(args, make)``: the directory of an uninterrupted run several tests compare against,
+    made once per suite run by ``make(directory)``, shared by the xdist workers (a file lock).
+    Tests read it and never write into it; a test that trains on from it copies it first."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' temporary directories share this parent
+    root = root / "reference-runs"
+    root.mkdir(exist_ok=True)
+
+    def get(args, make):
+        key = hashlib.sha1(json.dumps([str(a) for a in args]).encode()).hexdigest()[:16]
+        directory = root / key
+        with open(root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker making it: wait for it
+            if not (directory / ".complete").exists():
+                shutil.rmtree(directory, ignore_errors=True)
+                directory.mkdir()
+                make(directory)
+                (directory / ".complete").write_text(" ".join(str(a) for a in args))
+        return directory
+
+    return get
 
 
 def script_result(procs, script: str, *args: str, timeout: float = 280):

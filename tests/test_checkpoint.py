@@ -22,6 +22,7 @@ import pytest
 
 from tfdist import CheckpointOptions
 
+from conftest import Processes as _Processes
 from conftest import (assert_bit_identical, base_env, checkpoint_tensors, process_state, read_json, same_weights,
                       script_result, wait_for)
 
@@ -39,6 +40,16 @@ def _train(procs, out_dir, extra=(), fault=None, timeout=240):
     environ = base_env(**({"TFDIST_FAULT": fault} if fault else {}))
     return procs.tfdist(*TRAIN, *extra, "--output-dir", str(out_dir), "--summary-json", str(out_dir / "summary.json"),
                         timeout=timeout, env=environ)
+
+
+def _reference(reference_runs, args=STRATEGY_ARGS["one_device"] + ["--keras", "3"]):
+    """The uninterrupted run of ``args``, made once for every test that compares against it."""
+    def make(directory):
+        with _Processes() as procs:
+            code, out = _train(procs, directory, args)
+            assert code == 0, out[-3000:]
+
+    return reference_runs(["test_checkpoint", *TRAIN, *args], make)
 
 
 def _resumed_at(out: str) -> int:
@@ -63,13 +74,11 @@ KILL_VARIANTS = [("mirrored", "3", "all"), ("one_device", "3", "saves"), ("centr
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy,keras,interruptions", KILL_VARIANTS)
-def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, ctrl_c, tmp_path, strategy, keras,
+def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, ctrl_c, tmp_path, reference_runs, strategy, keras,
                                                               interruptions):
     every = interruptions == "all"
     args = [*STRATEGY_ARGS[strategy], "--keras", keras]
-    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    code, out = _train(procs, reference, args)
-    assert code == 0, out[-3000:]
+    reference, interrupted = _reference(reference_runs, args), tmp_path / "interrupted"
 
     # 1. SIGKILL mid-epoch (step 5 of 8; the save of step 3 may still be in flight).
     code, out = _train(procs, interrupted, args, fault="kill_at_step:5")
@@ -116,10 +125,8 @@ def test_killed_at_any_moment_and_restarted_ends_bit_identical(procs, ctrl_c, tm
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_from_outside_saves_and_the_rerun_is_identical(procs, tmp_path):
-    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    code, out = _train(procs, reference)
-    assert code == 0, out[-3000:]
+def test_sigterm_from_outside_saves_and_the_rerun_is_identical(procs, tmp_path, reference_runs):
+    reference, interrupted = _reference(reference_runs), tmp_path / "interrupted"
     args = [sys.executable, "-m", "tfdist", *TRAIN, "--epochs", "3", "--output-dir", str(interrupted),
             "--summary-json", str(interrupted / "summary.json")]
     proc = procs.start(args, env=base_env())
@@ -137,14 +144,12 @@ def test_sigterm_from_outside_saves_and_the_rerun_is_identical(procs, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_frozen_run_that_comes_back_after_another_took_over_stops_without_writing(procs, tmp_path):
+def test_a_frozen_run_that_comes_back_after_another_took_over_stops_without_writing(procs, tmp_path, reference_runs):
     # Split brain: run 1 freezes (a paused VM, a pod cut off) and a replacement starts the same
     # command. When run 1 wakes up, it must not save over the replacement's checkpoints.
     from tfdist.checkpoint import layout
 
-    reference, shared = tmp_path / "reference", tmp_path / "shared"
-    code, out = _train(procs, reference)
-    assert code == 0, out[-3000:]
+    reference, shared = _reference(reference_runs), tmp_path / "shared"
     args = [sys.executable, "-m", "tfdist", *TRAIN, "--output-dir", str(shared)]
     frozen = procs.start(args, env=base_env(TFDIST_FAULT="stop_at_step:5"))
     wait_for(lambda: process_state(frozen.pid) == "T" or frozen.poll() is not None, timeout=120,

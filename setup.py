@@ -15,6 +15,8 @@ setup(
     long_description=(here / "README.md").read_text() if (here / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfdist", "tfdist.*"]),
+    # The default data set, scikit-learn's 8x8 digits, ships with tfdist (tfdist/data/digits.NOTICE).
+    package_data={"tfdist.data": ["digits.csv.gz", "digits.NOTICE"]},
     python_requires=">=3.10",
     install_requires=[
         # The supported range (docs/versions.md; tfdist._compat.versions): both ends are tested.
@@ -24,7 +26,6 @@ setup(
         "tensorflow-datasets>=4.9",
         "absl-py>=1.0",
         "tensorboard>=2.16",
-        "scikit-learn>=1.2",
         "pyyaml>=6.0",
         "matplotlib>=3.7",
     ],

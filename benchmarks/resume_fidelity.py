@@ -51,11 +51,12 @@ EPOCHS, BATCH, SAVE_EVERY = 6, 128, 5
 # --- the child: one process of one run ---------------------------------------------------------
 def _data():
     import numpy as np
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
-    x = (digits.images / 16.0).astype("float32")[..., None]
-    y = digits.target.astype("int64")
+    from tfdist.data.loading import DIGITS_FILE
+
+    rows = np.loadtxt(DIGITS_FILE, delimiter=",")
+    x = (rows[:, :-1].reshape(-1, 8, 8) / 16.0).astype("float32")[..., None]
+    y = rows[:, -1].astype("int64")
     order = np.random.default_rng(0).permutation(len(x))
     x, y = x[order], y[order]
     return (x[:1440], y[:1440]), (x[1440:], y[1440:])

@@ -34,6 +34,20 @@ def test_a_fault_fires_once_at_its_step_on_its_task_and_on_the_first_run_only(se
     assert sent == [signal.SIGKILL, signal.SIGTERM, signal.SIGTERM]
 
 
+def test_a_fault_marked_with_a_restart_fires_on_that_run_of_the_cluster_only(sent):
+    environ = {"TFDIST_FAULT": "worker:1/kill_at_step:3,worker:1/term_at_step:7@1,int_at_step:9@2"}
+    runs = {}
+    for restart in ("0", "1", "2", "3"):
+        sent.clear()
+        task = faults.Faults(task_name="worker:1", environ=dict(environ, TFDIST_RESTART=restart))
+        for step in range(1, 12):
+            for event in ("kill_at_step", "term_at_step", "int_at_step"):
+                task.fire(event, step)
+        runs[restart] = list(sent)
+    assert runs == {"0": [signal.SIGKILL], "1": [signal.SIGTERM], "2": [signal.SIGINT], "3": []}
+    assert faults.parse("term_at_step:7@1", task_name="chief:0") == {("term_at_step", 7): signal.SIGTERM}
+
+
 def test_with_steps_per_execution_a_fault_fires_at_the_first_reported_step_after_its_own(sent, capsys):
     # steps_per_execution=4: the loop reports steps 4, 8, 12; step 6 is never reported.
     task = faults.Faults(task_name="chief:0", environ={"TFDIST_FAULT": "kill_at_step:6,kill_after_save:6"})

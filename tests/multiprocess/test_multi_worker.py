@@ -6,6 +6,7 @@ resume must give back to it."""
 
 import glob
 import json
+import re
 import sys
 import time
 
@@ -38,16 +39,21 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
     assert summary["all_reduce"] == "ring"  # auto on CPUs
     assert summary["num_workers"] == 2 and summary["global_step"] == 24 and summary["global_batch_size"] == 32
 
-    # worker:1 is SIGKILLed after step 11: the launcher restarts the cluster, which resumes.
-    code, out = _launch(procs, interrupted, fault="worker:1/kill_at_step:11")
+    # worker:1 is SIGKILLed after step 11: the launcher restarts the cluster, which resumes. On that
+    # restart, SIGTERM reaches worker:1 alone at step 18: the workers agree on a step, both save
+    # there and exit with 75, the launcher restarts the cluster again, and the run ends identical.
+    code, out = _launch(procs, interrupted, fault="worker:1/kill_at_step:11,worker:1/term_at_step:18@1")
     assert code == 0, out[-4000:]
     assert "kill_at_step at step 11" in out and "(restart 1)" in out
+    assert "[worker:1] tfdist: SIGTERM received" in out and "exited with code 75" in out and "(restart 2)" in out
+    assert "preempted by another worker's signal" in out  # worker:0 saved and stopped with it
     resumed = read_json(interrupted / "summary.json")
-    assert resumed["start_step"] in (4, 8) and resumed["global_step"] == 24  # the last completed save
+    assert 18 <= resumed["start_step"] < 24 and resumed["global_step"] == 24, resumed  # where the workers agreed
+    assert re.search(r"resuming from .*global step (4|8) ", out), out[-4000:]  # the last completed save before the kill
     assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),
                          checkpoint_tensors(str(interrupted / "checkpoints")))
     assert resumed["final_loss"] == summary["final_loss"]
-    assert _history(interrupted) == _history(reference)  # every epoch's metrics, the resumed one too
+    assert _history(interrupted) == _history(reference)  # every epoch's metrics, the resumed ones too
     # The chief wrote the trained model (every worker took part in saving it); it is the same model.
     assert _model_weights(interrupted) and all(
         np.array_equal(a, b) for a, b in zip(_model_weights(reference), _model_weights(interrupted)))
@@ -57,19 +63,6 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
 
     scratch = storage.task_scratch_path(purpose="ckpt", task_name="worker:1", key=str(interrupted / "checkpoints"))
     assert not glob.glob(scratch + "*"), glob.glob(scratch + "*")
-
-    # SIGTERM reaches worker:1 alone at step 10: the workers agree on a step, both save there
-    # and exit with 75, the launcher restarts the cluster, and the run ends identical.
-    preempted = tmp_path / "preempted"
-    code, out = _launch(procs, preempted, fault="worker:1/term_at_step:10")
-    assert code == 0, out[-4000:]
-    assert "[worker:1] tfdist: SIGTERM received" in out and "exited with code 75" in out and "(restart 1)" in out
-    assert "preempted by another worker's signal" in out  # worker:0 saved and stopped with it
-    after = read_json(preempted / "summary.json")
-    assert 10 <= after["start_step"] < 24 and after["global_step"] == 24
-    assert_bit_identical(checkpoint_tensors(str(reference / "checkpoints")),
-                         checkpoint_tensors(str(preempted / "checkpoints")))
-    assert _history(preempted) == _history(reference)
 
     # A checkpoint of 2 workers restores under one_device (same global batch) and continues,
     # without TensorFlow's warnings about the per-replica values one replica cannot use.
@@ -83,7 +76,7 @@ def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(proc
     assert not [line for line in out.splitlines() if "could not be found" in line or "Unresolved object" in line]
     # 2 workers of one replica -> one machine with 2 replicas: each replica gets its own state back.
     code, out = procs.tfdist(*TRAIN, "--epochs", "4", "--strategy", "mirrored", "--cpu-devices", "2",
-                             "--output-dir", str(preempted), "--summary-json", str(tmp_path / "mirrored.json"),
+                             "--output-dir", str(interrupted), "--summary-json", str(tmp_path / "mirrored.json"),
                              timeout=240, env=base_env())
     assert code == 0, out[-4000:]
     mirrored = read_json(tmp_path / "mirrored.json")

@@ -14,8 +14,10 @@ list of ``[ROLE:INDEX/]EVENT:STEP`` items:
 A fault fires at the first step end the training loop reports at or after N: step N itself,
 except with ``steps_per_execution=k``, where the loop reports every k-th step only (and
 ``kill_after_save:N`` fires after the first save at or after step N). With a
-``ROLE:INDEX/`` prefix only that task fires. Faults fire only on the first run of a cluster
-(``TFDIST_RESTART`` unset or 0), so that a restarted job runs to the end.
+``ROLE:INDEX/`` prefix only that task fires. A fault fires on the first run of a cluster
+(``TFDIST_RESTART`` unset or 0) only, so that a restarted job runs to the end; an ``@R``
+suffix (``term_at_step:18@1``) makes it fire on restart R instead, so that one job can meet
+several faults in turn.
 """
 
 from __future__ import annotations
@@ -34,21 +36,23 @@ EVENTS = {"kill_at_step": signal.SIGKILL, "kill_after_save": signal.SIGKILL, "te
           "stop_at_step": signal.SIGSTOP, "int_at_step": signal.SIGINT}
 
 
-def parse(raw: str | None, *, task_name: str) -> dict[tuple[str, int], int]:
-    """{(event, step): signal} of the faults that apply to ``task_name``."""
+def parse(raw: str | None, *, task_name: str, restart: int | None = None) -> dict[tuple[str, int], int]:
+    """{(event, step): signal} of the faults that apply to ``task_name`` (and, unless ``restart``
+    is None, to that run of the cluster: 0 the first)."""
     faults: dict[tuple[str, int], int] = {}
     for item in (raw or "").split(","):
         item = item.strip()
         if not item:
             continue
         target, _, spec = item.rpartition("/")
-        event, _, step = spec.partition(":")
-        if event not in EVENTS or not step.isdigit():
+        event, _, when = spec.partition(":")
+        step, _, run = when.partition("@")
+        if event not in EVENTS or not step.isdigit() or not (run or "0").isdigit():
             raise ClusterConfigError(
                 f"invalid {env.TFDIST_FAULT} item; received {item!r}. "
-                f"Fix: write [ROLE:INDEX/]EVENT:STEP with EVENT one of {', '.join(EVENTS)}."
+                f"Fix: write [ROLE:INDEX/]EVENT:STEP[@RESTART] with EVENT one of {', '.join(EVENTS)}."
             )
-        if target and target != task_name:
+        if (target and target != task_name) or (restart is not None and int(run or 0) != restart):
             continue
         faults[(event, int(step))] = EVENTS[event]
     return faults
@@ -61,8 +65,9 @@ class Faults:
 
     def __init__(self, *, task_name: str, start_step: int = 0, environ=None):
         environ = os.environ if environ is None else environ
-        first_run = (env.get(env.TFDIST_RESTART, environ) or "0") == "0"
-        faults = parse(env.get(env.TFDIST_FAULT, environ), task_name=task_name) if first_run else {}
+        restart = env.get(env.TFDIST_RESTART, environ) or "0"
+        faults = parse(env.get(env.TFDIST_FAULT, environ), task_name=task_name,
+                       restart=int(restart) if restart.isdigit() else 0)
         self._faults = {key: sig for key, sig in faults.items() if key[1] > start_step}
 
     def fire(self, event: str, step: int) -> None:

@@ -283,3 +283,17 @@ def test_a_new_worker_count_keeps_the_examples_of_every_global_step_where_each_w
     assert any("read by 2 worker(s) at step 4, now by 1" in r.getMessage() for r in caplog.records)
     for step in (4, 5):  # one worker now reads the global batches of steps 4 and 5, as it would have
         np.testing.assert_array_equal(next(resumed.iterator)[0], whole[step][0])
+
+
+def test_a_dataset_fn_and_a_fixed_batch_train_under_one_device_as_keras_fit_trains_what_they_give():
+    # drop_remainder=True gives batches a static first dimension: still the user's own batched pipeline.
+    import tensorflow as tf
+
+    def dataset_fn(context):
+        return _batched(X, Y, reshuffle=False, batch=context.get_per_replica_batch_size(32), drop_remainder=True)
+
+    expected = _keras_fit(dataset_fn(tf.distribute.InputContext()), 2)
+    for data in (dataset_fn, dataset_fn(tf.distribute.InputContext())):
+        history = tfdist.fit(_model, data, epochs=2, seed=1, verbose=0, strategy="one_device")
+        assert history.history == expected
+        assert history.tfdist.global_batch_size == 32 and history.tfdist.global_step == 6  # 100 // 32 a pass

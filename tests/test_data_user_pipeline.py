@@ -283,3 +283,48 @@ def test_a_new_worker_count_keeps_the_examples_of_every_global_step_where_each_w
     assert any("read by 2 worker(s) at step 4, now by 1" in r.getMessage() for r in caplog.records)
     for step in (4, 5):  # one worker now reads the global batches of steps 4 and 5, as it would have
         np.testing.assert_array_equal(next(resumed.iterator)[0], whole[step][0])
+
+
+def test_a_dataset_fn_and_a_fixed_batch_train_under_one_device_as_keras_fit_trains_what_they_give():
+    # drop_remainder=True gives batches a static first dimension: still the user's own batched pipeline.
+    import tensorflow as tf
+
+    def dataset_fn(context):
+        return _batched(X, Y, reshuffle=False, batch=context.get_per_replica_batch_size(32), drop_remainder=True)
+
+    expected = _keras_fit(dataset_fn(tf.distribute.InputContext()), 2)
+    for data in (dataset_fn, dataset_fn(tf.distribute.InputContext())):
+        history = tfdist.fit(_model, data, epochs=2, seed=1, verbose=0, strategy="one_device")
+        assert history.history == expected
+        assert history.tfdist.global_batch_size == 32 and history.tfdist.global_step == 6  # 100 // 32 a pass
+
+
+def test_a_new_worker_count_where_no_saved_position_applies_warns_that_the_examples_differ(tmp_path, caplog):
+    # Saved by 2 workers reading their own files (file mode) or shards (fn mode); resumed by one worker.
+    import tensorflow as tf
+
+    paths = write_records(tmp_path, files=2, per_file=16)
+
+    def batched():
+        return tf.data.TFRecordDataset(paths).batch(8)
+
+    def dataset_fn(context):
+        names = tf.data.Dataset.from_tensor_slices(paths).shard(context.num_input_pipelines, context.input_pipeline_id)
+        return names.interleave(tf.data.TFRecordDataset).batch(context.get_per_replica_batch_size(8))
+
+    for name, make in (("file", lambda: tfdata.UserPipeline(batched())),
+                       ("fn", lambda: tfdata.UserPipeline(dataset_fn=dataset_fn))):
+        directory = str(tmp_path / name)
+        for worker in (0, 1):
+            pipeline = make().bind(_Workers(2, worker))
+            assert pipeline.mode == name
+            reader = tfdata.WorkerInput(pipeline, None, directory=directory, start_step=0)
+            next(reader.iterator)
+            reader.save(1)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tfdist"):
+            resumed = tfdata.WorkerInput(make().bind(_Workers(1, 0)), None, directory=directory, start_step=1)
+        assert resumed.restored_from is None
+        (warning,) = [r.getMessage() for r in caplog.records if "was saved at step 1" in r.getMessage()]
+        assert f"by 2 worker(s) in {name} mode" in warning and "\n" not in warning
+        assert "the steps from here see other examples than the interrupted run would have" in warning, warning

@@ -20,6 +20,10 @@ from tfdist.errors import describe
 
 log = logging.getLogger("tfdist")
 
+_WHAT_CHANGES = {FILE: "each worker now reads other files", FN: "each worker now reads another shard of dataset_fn",
+                 SLICE: "each worker now reads the whole pipeline, which the saved positions do not fit"}
+"""What a worker reads differently, by its mode, when no saved position fits a new worker count."""
+
 
 class WorkerInput:
     """What tfdist's Keras 3 loop reads from a user pipeline on this worker.
@@ -106,10 +110,9 @@ class WorkerInput:
         if others:
             was = sorted({f"{o[1]} worker(s) in {o[0]} mode" for o in owners.values() if o is not None})
             log.warning(
-                "the pipeline was saved at step %d by %s, and this run has %d worker(s) in %s mode: %s", step,
-                ", ".join(was), self.pipeline.workers, self.pipeline.mode,
-                "each worker now reads other files, so the steps from here see other examples than the interrupted "
-                "run would have" if self.pipeline.mode in (FILE, FN) else "its positions do not apply here")
+                "the pipeline was saved at step %d by %s, and this run has %d worker(s) in %s mode: %s, so the "
+                "steps from here see other examples than the interrupted run would have", step, ", ".join(was),
+                self.pipeline.workers, self.pipeline.mode, _WHAT_CHANGES[self.pipeline.mode])
         else:
             log.warning("no saved pipeline position for step %d in %s", step, directory)
         return []

@@ -16,8 +16,9 @@ from tfdist.errors import ModelError
 from tfdist.strategy_kinds import wrap
 from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
-                                          compile_fix, defined_in, fresh_metrics, merged_history,
-                                          model_fingerprint, not_a_model, summed_gradients, warn_low_precision_outputs)
+                                          compile_fix, defined_in, fresh_metrics, held_optimizers,
+                                          is_default_optimizer, merged_history, model_fingerprint, not_a_model,
+                                          summed_gradients, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -152,7 +153,11 @@ def build_state(model, sample: tuple) -> None:
     """Creates the optimizer slots and the compiled loss and metric objects now (Keras creates
     them at the first step), so that a checkpoint restores into them before training starts.
     ``sample``: one batch as the model's ``train_step`` receives it: ``(x, y)``, ``(x, y, sample_weight)``
-    or ``x`` alone, each part a nest of arrays."""
+    or ``x`` alone, each part a nest of arrays.
+
+    The model is traced on the sample's shapes, not run: its layers are built, and no random
+    generator, counter or metric moves (as before tf_keras' own first step). A model compiled
+    with ``run_eagerly=True`` is called on the sample instead."""
     import tensorflow as tf
     import tf_keras
 
@@ -162,13 +167,31 @@ def build_state(model, sample: tuple) -> None:
     callable_model = type(model).call is not tf_keras.Model.call or tf_keras_compat.is_graph_network(model)
     with model.distribute_strategy.scope():
         if callable_model:
-            y_pred = model(x, training=False)
+            if model.run_eagerly:  # its call() may need eager tensors, as its steps get
+                y_pred = model(x, training=False)
+            else:
+                specs = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), x)
+                trace = tf.function(lambda inputs: model(inputs, training=False))
+                y_pred = trace.get_concrete_function(specs).structured_outputs
             model.compiled_loss.build(y_pred)
             if labelled:
                 model.compiled_metrics.build(y_pred, tf.nest.map_structure(tf.constant, sample[1]))
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        build_optimizer(optimizer, model.trainable_variables)
+        if not _unused_default_optimizer(model):
+            build_optimizer(optimizer, model.trainable_variables)
         _aggregate_schedule_variable(optimizer, model.distribute_strategy)
+
+
+def _unused_default_optimizer(model) -> bool:
+    """True for the RMSprop ``super().compile()`` leaves on a model with optimizers of its own
+    (keras.io's GAN): it stays unbuilt and out of checkpoints. If a ``train_step`` uses it after
+    all, its first step builds it, and a checkpoint restores into it then, as into the model's
+    own optimizers."""
+    import tf_keras
+
+    classes = (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
+    return bool(held_optimizers(model, classes)) and is_default_optimizer(model.optimizer,
+                                                                          tf_keras.optimizers.RMSprop)
 
 
 def _aggregate_schedule_variable(optimizer, strategy) -> None:

@@ -333,3 +333,26 @@ def test_the_unused_default_optimizer_of_a_tf_keras_gan_stays_out_of_the_checkpo
     slots = [name for name in names if name.startswith("optimizer/_variables/")]
     assert not slots, slots
 
+
+def test_a_save_that_fails_on_the_state_says_so_and_not_check_free_space(tmp_path, monkeypatch):
+    # A Keras 3 variable whose host copy is not prepared fails the background save's copy (the
+    # first async save of a GAN whose optimizers were built at its first step did): not a storage failure.
+    import re
+
+    import keras_patterns
+
+    import tfdist
+    from tfdist._compat import keras3 as keras3_compat
+    from tfdist.errors import CheckpointError, CheckpointIOError
+
+    monkeypatch.setattr(keras3_compat, "copy_to_cpu_once", lambda variable: None)
+    with pytest.raises(CheckpointError) as raised:
+        keras_patterns.fit("counter", "one_device", str(tmp_path / "async"), epochs=1, steps_per_epoch=4)
+    message = str(raised.value)
+    assert not isinstance(raised.value, CheckpointIOError) and "\n" not in message
+    assert re.search(r"failed before anything was written: the training state could not be copied .*"
+                     r"ValueError: tf.function only supports singleton tf.Variables.*Fix: save synchronously", message)
+    assert "free space" not in message and "in user code" not in message
+    history = keras_patterns.fit("counter", "one_device", str(tmp_path / "sync"), epochs=1, steps_per_epoch=4,
+                                 checkpoint_options=tfdist.CheckpointOptions(async_save=False))
+    assert history.tfdist.global_step == 4

@@ -356,3 +356,22 @@ def test_a_save_that_fails_on_the_state_says_so_and_not_check_free_space(tmp_pat
     history = keras_patterns.fit("counter", "one_device", str(tmp_path / "sync"), epochs=1, steps_per_epoch=4,
                                  checkpoint_options=tfdist.CheckpointOptions(async_save=False))
     assert history.tfdist.global_step == 4
+
+
+def test_an_image_folder_read_without_labels_trains_a_gan_and_resumes_bit_identical(tmp_path):
+    import keras_patterns
+    import tensorflow as tf
+
+    import tfdist
+
+    for i, image in enumerate((keras_patterns.images() * 255).astype(np.uint8)):
+        folder = tmp_path / "images" / f"part{i % 3}"  # labels=None: every image at any depth, no classes
+        folder.mkdir(parents=True, exist_ok=True)
+        tf.io.write_file(str(folder / f"{i:03d}.png"), tf.io.encode_png(image))
+
+    def source():
+        return tfdist.ImageFolderSource(str(tmp_path / "images"), labels=None, image_size=(8, 8), color_mode="grayscale")
+
+    _, names = _crashed_and_resumed(tmp_path, keras_patterns.gan, source, batch_size=16)
+    assert any(name.startswith("model/d_optimizer/") for name in names)
+    assert not [name for name in names if name.startswith("optimizer/_variables/")]  # the unused default RMSprop

@@ -375,3 +375,51 @@ def test_an_image_folder_read_without_labels_trains_a_gan_and_resumes_bit_identi
     _, names = _crashed_and_resumed(tmp_path, keras_patterns.gan, source, batch_size=16)
     assert any(name.startswith("model/d_optimizer/") for name in names)
     assert not [name for name in names if name.startswith("optimizer/_variables/")]  # the unused default RMSprop
+
+
+_SHARDED = """
+import json, socket
+import numpy as np
+import keras
+import tensorflow as tf
+import tfdist
+
+def port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+spec = tf.train.ClusterSpec({"chief": [f"localhost:{port()}"], "worker": [f"localhost:{port()}"],
+                             "ps": [f"localhost:{port()}", f"localhost:{port()}"]})
+for job, count in (("worker", 1), ("ps", 2)):
+    for index in range(count):
+        tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc")
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc", task_type="chief", task_id=0)
+strategy = tf.distribute.experimental.ParameterServerStrategy(  # as TensorFlow's parameter-server tutorial makes it
+    resolver, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
+
+def build():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(3)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+x, y = np.random.rand(64, 8).astype("float32"), np.random.randint(0, 3, 64)
+try:
+    tfdist.fit(build, (x, y), batch_size=16, steps_per_epoch=2, epochs=1, strategy=strategy, verbose=0)
+    print("RESULT " + json.dumps({"error": None}))
+except Exception as e:
+    print("RESULT " + json.dumps({"error": type(e).__name__, "message": str(e)}))
+"""
+
+
+def test_a_keras_3_model_on_variables_a_partitioner_shards_is_refused_in_one_line(procs):
+    import re
+
+    from conftest import script_result
+
+    result = script_result(procs, _SHARDED, timeout=120)
+    assert result["error"] == "ModelError", result
+    assert "\n" not in result["message"]
+    assert re.search(r"cannot train on variables split by a variable_partitioner; received 4 sharded variable\(s\) "
+                     r"\(sequential/dense/kernel, .*Fix: make the ParameterServerStrategy without variable_partitioner",
+                     result["message"]), result["message"]

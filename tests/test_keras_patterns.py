@@ -423,3 +423,15 @@ def test_a_keras_3_model_on_variables_a_partitioner_shards_is_refused_in_one_lin
     assert re.search(r"cannot train on variables split by a variable_partitioner; received 4 sharded variable\(s\) "
                      r"\(sequential/dense/kernel, .*Fix: make the ParameterServerStrategy without variable_partitioner",
                      result["message"]), result["message"]
+
+
+def test_tfdist_train_takes_a_users_subclassed_model_of_either_keras():
+    # `tfdist train --model MODULE:FUNCTION`: a subclass lives in the user's module, its Keras in its base classes.
+    import keras_patterns
+
+    from tfdist import models
+
+    for function, keras in ((keras_patterns.counter, "3"), (keras_patterns.gan, "3"), (_tf_keras_gan, "2")):
+        build = models.user_builder(function, name=f"keras_patterns:{function.__name__}", input_shape=(8, 8, 1),
+                                    num_classes=3, keras=keras)
+        assert type(build()).__module__ in ("keras_patterns", "test_keras_patterns")

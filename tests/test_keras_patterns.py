@@ -370,7 +370,8 @@ def test_an_image_folder_read_without_labels_trains_a_gan_and_resumes_bit_identi
         tf.io.write_file(str(folder / f"{i:03d}.png"), tf.io.encode_png(image))
 
     def source():
-        return tfdist.ImageFolderSource(str(tmp_path / "images"), labels=None, image_size=(8, 8), color_mode="grayscale")
+        return tfdist.ImageFolderSource(str(tmp_path / "images"), labels=None, image_size=(8, 8),
+                                        color_mode="grayscale")
 
     _, names = _crashed_and_resumed(tmp_path, keras_patterns.gan, source, batch_size=16)
     assert any(name.startswith("model/d_optimizer/") for name in names)
@@ -435,3 +436,23 @@ def test_tfdist_train_takes_a_users_subclassed_model_of_either_keras():
         build = models.user_builder(function, name=f"keras_patterns:{function.__name__}", input_shape=(8, 8, 1),
                                     num_classes=3, keras=keras)
         assert type(build()).__module__ in ("keras_patterns", "test_keras_patterns")
+
+
+def test_tf_keras_models_tfdist_cannot_feed_are_refused_in_one_line_before_training():
+    import keras_patterns
+    import tf_keras
+
+    import tfdist
+    from tfdist.errors import ModelError
+
+    def plain():
+        model = tf_keras.Sequential([tf_keras.layers.Flatten(input_shape=(8, 8, 1)), tf_keras.layers.Dense(64)])
+        model.compile("adam", "mse")
+        return model
+
+    x = keras_patterns.images()
+    with pytest.raises(ModelError, match=r"received data without labels.*Fix: pass \(x, y\).*tf_keras 2\.\d+"):
+        tfdist.fit(plain, x, batch_size=16, strategy="one_device", verbose=0)
+    with pytest.raises(ModelError, match=r"has no call\(\) method, which Keras' own test_step needs.*Fix: leave "
+                                         r"validation_data"):
+        tfdist.fit(_tf_keras_gan, x, validation_data=x[:32], batch_size=16, strategy="one_device", verbose=0)

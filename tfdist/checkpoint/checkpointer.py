@@ -758,8 +758,8 @@ def _state_not_saved(directory: str, error: BaseException, *, async_save: bool) 
         what = "the training state could not be serialized"
         fix = "keep the object the error names out of the model's attributes, or make it a tf.Variable"
     return CheckpointError(
-        f"saving a checkpoint to {directory!r} failed before anything was written: {what} ({describe(error, limit=300)}); "
-        f"the storage is not at fault. Fix: {fix}. The earlier checkpoints are unchanged."
+        f"saving a checkpoint to {directory!r} failed before anything was written: {what} "
+        f"({describe(error, limit=300)}); the storage is not at fault. Fix: {fix}. The earlier checkpoints are unchanged."
     )
 
 

@@ -17,8 +17,9 @@ from tfdist.strategy_kinds import wrap
 from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
                                           compile_fix, defined_in, fresh_metrics, held_optimizers,
-                                          is_default_optimizer, merged_history, model_fingerprint, not_a_model,
-                                          summed_gradients, warn_low_precision_outputs)
+                                          is_default_optimizer, merged_history, model_fingerprint, no_labels_for_loss,
+                                          not_a_model, nothing_to_validate, summed_gradients,
+                                          warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -159,14 +160,11 @@ def build_state(model, sample: tuple) -> None:
     generator, counter or metric moves (as before tf_keras' own first step). A model compiled
     with ``run_eagerly=True`` is called on the sample instead."""
     import tensorflow as tf
-    import tf_keras
 
     labelled = isinstance(sample, tuple) and len(sample) >= 2
     x = tf.nest.map_structure(tf.constant, sample[0] if isinstance(sample, tuple) else sample)
-    # A model with a train_step and no call() (the GAN form) is never called by tf_keras' fit.
-    callable_model = type(model).call is not tf_keras.Model.call or tf_keras_compat.is_graph_network(model)
     with model.distribute_strategy.scope():
-        if callable_model:
+        if _callable(model):  # a model with a train_step and no call() (the GAN form): tf_keras' fit never calls it
             if model.run_eagerly:  # its call() may need eager tensors, as its steps get
                 y_pred = model(x, training=False)
             else:
@@ -192,6 +190,29 @@ def _unused_default_optimizer(model) -> bool:
     classes = (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
     return bool(held_optimizers(model, classes)) and is_default_optimizer(model.optimizer,
                                                                           tf_keras.optimizers.RMSprop)
+
+
+def _callable(model) -> bool:
+    """False for a model with no ``call()`` of its own (a functional model has tf_keras')."""
+    import tf_keras
+
+    return type(model).call is not tf_keras.Model.call or tf_keras_compat.is_graph_network(model)
+
+
+def _uses_tf_keras_step(model, name: str) -> bool:
+    """True if the model's method ``name`` (``train_step``, ``test_step``) is tf_keras' own, not a subclass's."""
+    return getattr(type(model), name).__module__.split(".")[0] == "tf_keras"
+
+
+def check_labels_for_loss(model, sample: Any) -> None:
+    """Refuses data without labels for a model whose compiled loss needs them under tf_keras' own
+    ``train_step`` (tf_keras' error is a traceback from inside its step)."""
+    import tf_keras
+
+    labelled = isinstance(sample, tuple) and len(sample) >= 2
+    if labelled or not _uses_tf_keras_step(model, "train_step") or not model.loss:
+        return
+    raise no_labels_for_loss(model, f"tf_keras {tf_keras.__version__}")
 
 
 def _aggregate_schedule_variable(optimizer, strategy) -> None:
@@ -301,6 +322,7 @@ class TfKeras(KerasAdapter):
 
     def prepare(self, model, *, sample, grad_accum_steps: int) -> None:
         """Installs accumulation and creates every variable now (a checkpoint restores into them)."""
+        check_labels_for_loss(model, sample)
         install_grad_accumulation(model, grad_accum_steps, unrolled=self.strategy.aggregating_variables)
         build_state(model, sample)
         if self.strategy.concurrent_updates:
@@ -347,6 +369,9 @@ class TfKeras(KerasAdapter):
             callbacks, verbose):
         """Runs tf_keras' fit from the controller's start; returns its History."""
         from tfdist.training.callback import EpochBeginCallback, TrainingCallback
+
+        if validation_data is not None and _uses_tf_keras_step(model, "test_step") and not _callable(model):
+            raise nothing_to_validate(model, "no call() method, which")
 
         return model.fit(
             train_data,

@@ -24,7 +24,7 @@ from tfdist.strategy_kinds import wrap
 from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (carry_weight_decay_exclusions, check_own_train_step, compile_fix, defined_in,
                                           fresh_metrics, held_optimizers, is_default_optimizer, merged_history,
-                                          model_fingerprint, not_a_model, summed_gradients,
+                                          model_fingerprint, no_labels_for_loss, not_a_model, summed_gradients,
                                           warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
@@ -219,11 +219,7 @@ def check_labels_for_loss(model, sample: Any) -> None:
     labelled = isinstance(sample, tuple) and len(sample) >= 2
     if labelled or not uses_keras_step(model, "train_step") or keras3_compat.compiled_loss(model) is None:
         return
-    raise ModelError(
-        f"the model {model.name!r} is compiled with a loss, which compares its outputs to labels; received data "
-        "without labels (x alone). Fix: pass (x, y) (for an autoencoder, (x, x)), or compute the loss in the "
-        f"model's own train_step (see keras.io's VAE and GAN examples); Keras {keras.__version__} fails the same way."
-    )
+    raise no_labels_for_loss(model, f"Keras {keras.__version__}")
 
 
 def uses_keras_step(model, name: str) -> bool:

@@ -213,3 +213,39 @@ def is_default_optimizer(optimizer, rmsprop_class) -> bool:
                                     and np.float32(value) == np.float32(default))
 
     return all(is_default(key, value) for key, value in config.items())
+
+
+def no_labels_for_loss(model, keras_name: str) -> ModelError:
+    """The refusal of data without labels for a model whose compiled loss needs them under its
+    Keras' own ``train_step``.
+
+    Args:
+      model: The model.
+      keras_name: Its Keras and version, as the message names it (``Keras 3.15.1``).
+
+    Returns:
+      The ModelError to raise.
+    """
+    return ModelError(
+        f"the model {model.name!r} is compiled with a loss, which compares its outputs to labels; received data "
+        "without labels (x alone). Fix: pass (x, y) (for an autoencoder, (x, x)), or compute the loss in the "
+        f"model's own train_step (see keras.io's VAE and GAN examples); {keras_name} fails the same way."
+    )
+
+
+def nothing_to_validate(model, cause: str) -> ModelError:
+    """The refusal of validation data for a model whose Keras' own ``test_step`` cannot evaluate it.
+
+    Args:
+      model: The model.
+      cause: What it lacks, ending in a word that leads to "Keras' own test_step needs":
+        ``"no call() method, which"`` or ``"no compiled loss, and"``.
+
+    Returns:
+      The ModelError to raise.
+    """
+    return ModelError(
+        f"the model {model.name!r} has {cause} Keras' own test_step needs to evaluate the validation data; "
+        "received validation data for it. Fix: leave validation_data (and validation_split) out, or give the "
+        "model a test_step of its own (as its train_step)."
+    )

@@ -257,3 +257,202 @@ def test_a_gan_on_a_batched_pipeline_of_images_alone_resumes_bit_identical(tmp_p
                 .batch(16, drop_remainder=True).prefetch(2))
 
     _crashed_and_resumed(tmp_path, keras_patterns.gan, images)
+
+
+def _tf_keras_drawing_and_counting():
+    """A tf_keras autoencoder with Keras' own train_step whose layers draw from a generator and
+    count their calls in a variable, whatever ``training`` is: any call before the first step shows."""
+    import tensorflow as tf
+    import tf_keras
+
+    class Noise(tf_keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.rng = tf.random.Generator.from_seed(3)
+
+        def call(self, x):
+            return x + 0.1 * self.rng.normal(tf.shape(x))
+
+    class Counting(tf_keras.layers.Layer):
+        def build(self, shape):
+            self.calls = self.add_weight(name="calls", shape=(), initializer="zeros", trainable=False, dtype="int64")
+
+        def call(self, x):
+            self.calls.assign_add(1)
+            return x
+
+    layers = tf_keras.layers
+    inputs = tf_keras.Input((8, 8, 1))
+    hidden = Counting()(Noise()(layers.Dropout(0.3)(layers.Dense(8)(layers.Flatten()(inputs)))))
+    model = tf_keras.Model(inputs, layers.Reshape((8, 8, 1))(layers.Dense(64, activation="sigmoid")(hidden)))
+    model.compile(tf_keras.optimizers.Adam(1e-3), "mse")
+    return model
+
+
+@pytest.mark.parametrize("build", [_tf_keras_gan, _tf_keras_drawing_and_counting])
+def test_tf_keras_one_device_equals_its_own_fit_bit_for_bit(build):
+    # tf_keras' random layers draw other numbers inside a strategy than outside any: the reference
+    # is tf_keras' own fit in the scope of a OneDeviceStrategy on the device tfdist trains on.
+    import keras_patterns
+    import tf_keras
+
+    import tfdist
+
+    x = keras_patterns.images()
+    data = x if build is _tf_keras_gan else (x, x)
+    with tfdist.make_strategy("one_device").tf.scope():
+        tf_keras.utils.set_random_seed(4)
+        reference = build()
+    initial = reference.get_weights()
+    tf_keras.utils.set_random_seed(7)
+    reference.fit(*((data,) if build is _tf_keras_gan else data), batch_size=16, epochs=2, shuffle=False, verbose=0)
+
+    def same_start():
+        tf_keras.utils.set_random_seed(4)
+        model = build()
+        model.set_weights(initial)
+        return model
+
+    tf_keras.utils.set_random_seed(7)
+    history = tfdist.fit(same_start, data, batch_size=16, epochs=2, shuffle=False, strategy="one_device", seed=7,
+                         verbose=0)
+    trained, expected = history.model.get_weights(), reference.get_weights()
+    assert len(trained) == len(expected)
+    assert all(np.array_equal(a, b) for a, b in zip(trained, expected))
+
+
+def test_the_unused_default_optimizer_of_a_tf_keras_gan_stays_out_of_the_checkpoint(tmp_path):
+    import keras_patterns
+
+    import tfdist
+
+    tfdist.fit(_tf_keras_gan, keras_patterns.images(), batch_size=16, epochs=1, strategy="one_device", verbose=0,
+               checkpoint_dir=str(tmp_path))
+    names = checkpoint_tensors(str(tmp_path))
+    assert any(name.startswith("model/d_optimizer/_variables/") for name in names)
+    slots = [name for name in names if name.startswith("optimizer/_variables/")]
+    assert not slots, slots
+
+
+def test_a_save_that_fails_on_the_state_says_so_and_not_check_free_space(tmp_path, monkeypatch):
+    # A Keras 3 variable whose host copy is not prepared fails the background save's copy (the
+    # first async save of a GAN whose optimizers were built at its first step did): not a storage failure.
+    import re
+
+    import keras_patterns
+
+    import tfdist
+    from tfdist._compat import keras3 as keras3_compat
+    from tfdist.errors import CheckpointError, CheckpointIOError
+
+    monkeypatch.setattr(keras3_compat, "copy_to_cpu_once", lambda variable: None)
+    with pytest.raises(CheckpointError) as raised:
+        keras_patterns.fit("counter", "one_device", str(tmp_path / "async"), epochs=1, steps_per_epoch=4)
+    message = str(raised.value)
+    assert not isinstance(raised.value, CheckpointIOError) and "\n" not in message
+    assert re.search(r"failed before anything was written: the training state could not be copied .*"
+                     r"ValueError: tf.function only supports singleton tf.Variables.*Fix: save synchronously", message)
+    assert "free space" not in message and "in user code" not in message
+    history = keras_patterns.fit("counter", "one_device", str(tmp_path / "sync"), epochs=1, steps_per_epoch=4,
+                                 checkpoint_options=tfdist.CheckpointOptions(async_save=False))
+    assert history.tfdist.global_step == 4
+
+
+def test_an_image_folder_read_without_labels_trains_a_gan_and_resumes_bit_identical(tmp_path):
+    import keras_patterns
+    import tensorflow as tf
+
+    import tfdist
+
+    for i, image in enumerate((keras_patterns.images() * 255).astype(np.uint8)):
+        folder = tmp_path / "images" / f"part{i % 3}"  # labels=None: every image at any depth, no classes
+        folder.mkdir(parents=True, exist_ok=True)
+        tf.io.write_file(str(folder / f"{i:03d}.png"), tf.io.encode_png(image))
+
+    def source():
+        return tfdist.ImageFolderSource(str(tmp_path / "images"), labels=None, image_size=(8, 8),
+                                        color_mode="grayscale")
+
+    _, names = _crashed_and_resumed(tmp_path, keras_patterns.gan, source, batch_size=16)
+    assert any(name.startswith("model/d_optimizer/") for name in names)
+    assert not [name for name in names if name.startswith("optimizer/_variables/")]  # the unused default RMSprop
+
+
+_SHARDED = """
+import json, socket
+import numpy as np
+import keras
+import tensorflow as tf
+import tfdist
+
+def port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+spec = tf.train.ClusterSpec({"chief": [f"localhost:{port()}"], "worker": [f"localhost:{port()}"],
+                             "ps": [f"localhost:{port()}", f"localhost:{port()}"]})
+for job, count in (("worker", 1), ("ps", 2)):
+    for index in range(count):
+        tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc")
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc", task_type="chief", task_id=0)
+strategy = tf.distribute.experimental.ParameterServerStrategy(  # as TensorFlow's parameter-server tutorial makes it
+    resolver, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
+
+def build():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(3)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+x, y = np.random.rand(64, 8).astype("float32"), np.random.randint(0, 3, 64)
+try:
+    tfdist.fit(build, (x, y), batch_size=16, steps_per_epoch=2, epochs=1, strategy=strategy, verbose=0)
+    print("RESULT " + json.dumps({"error": None}))
+except Exception as e:
+    print("RESULT " + json.dumps({"error": type(e).__name__, "message": str(e)}))
+"""
+
+
+def test_a_keras_3_model_on_variables_a_partitioner_shards_is_refused_in_one_line(procs):
+    import re
+
+    from conftest import script_result
+
+    result = script_result(procs, _SHARDED, timeout=120)
+    assert result["error"] == "ModelError", result
+    assert "\n" not in result["message"]
+    assert re.search(r"cannot train on variables split by a variable_partitioner; received 4 sharded variable\(s\) "
+                     r"\(sequential/dense/kernel, .*Fix: make the ParameterServerStrategy without variable_partitioner",
+                     result["message"]), result["message"]
+
+
+def test_tfdist_train_takes_a_users_subclassed_model_of_either_keras():
+    # `tfdist train --model MODULE:FUNCTION`: a subclass lives in the user's module, its Keras in its base classes.
+    import keras_patterns
+
+    from tfdist import models
+
+    for function, keras in ((keras_patterns.counter, "3"), (keras_patterns.gan, "3"), (_tf_keras_gan, "2")):
+        build = models.user_builder(function, name=f"keras_patterns:{function.__name__}", input_shape=(8, 8, 1),
+                                    num_classes=3, keras=keras)
+        assert type(build()).__module__ in ("keras_patterns", "test_keras_patterns")
+
+
+def test_tf_keras_models_tfdist_cannot_feed_are_refused_in_one_line_before_training():
+    import keras_patterns
+    import tf_keras
+
+    import tfdist
+    from tfdist.errors import ModelError
+
+    def plain():
+        model = tf_keras.Sequential([tf_keras.layers.Flatten(input_shape=(8, 8, 1)), tf_keras.layers.Dense(64)])
+        model.compile("adam", "mse")
+        return model
+
+    x = keras_patterns.images()
+    with pytest.raises(ModelError, match=r"received data without labels.*Fix: pass \(x, y\).*tf_keras 2\.\d+"):
+        tfdist.fit(plain, x, batch_size=16, strategy="one_device", verbose=0)
+    with pytest.raises(ModelError, match=r"has no call\(\) method, which Keras' own test_step needs.*Fix: leave "
+                                         r"validation_data"):
+        tfdist.fit(_tf_keras_gan, x, validation_data=x[:32], batch_size=16, strategy="one_device", verbose=0)

@@ -91,10 +91,12 @@ _TENSORFLOW_NOISE = re.compile(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]")
 def describe(error: BaseException, limit: int = 200) -> str:
     """``Type: first line of the message`` of an exception, for a one-line error (never empty),
     without TensorFlow's function-node prefix and op suffix, which would take the room of the reason."""
-    lines = _TENSORFLOW_NOISE.sub("", str(error)).strip().splitlines()
+    lines = [line for line in _TENSORFLOW_NOISE.sub("", str(error)).strip().splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
     line = lines[0]
+    if line.strip() == "in user code:":  # a traced function's error: the frames, then the error itself
+        line = lines[-1].strip().removeprefix(f"{type(error).__name__}: ")
     if len(line) > limit and not isinstance(error, TfdistError):  # tfdist's own keep their fix
         line = line[:limit].rsplit(" ", 1)[0] + " ..."
     return f"{type(error).__name__}: {line}"

@@ -200,8 +200,10 @@ def user_builder(function: Callable, *, name: str, input_shape: Sequence[int], n
     def build_and_check():
         model = function(**arguments)
         expected = keras_module(keras).__name__
-        package = type(model).__module__.split(".")[0]
-        if not hasattr(model, "compile") or package not in ("keras", "tf_keras"):
+        # A subclass (keras.io's GAN) lives in the user's module: its Keras is the package of a base class.
+        package = next((c.__module__.split(".")[0] for c in type(model).__mro__
+                        if c.__module__.split(".")[0] in ("keras", "tf_keras")), None)
+        if not hasattr(model, "compile") or package is None:
             raise ModelError(f"--model {name} must return a compiled Keras model; received {type(model).__name__}. "
                              "Fix: build the model, compile it and return it.")
         if package != expected:

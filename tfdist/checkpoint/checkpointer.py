@@ -353,7 +353,9 @@ class Checkpointer:
             raise
         except Exception as e:
             self._in_flight = None
-            raise _save_failed(self.directory, e) from e
+            if _is_storage_error(e):
+                raise _save_failed(self.directory, e) from e
+            raise _state_not_saved(self.directory, e, async_save=self.options.async_save) from e
         copy = tf_compat.async_copy_function(self.root)
         if copy is not None:  # each fit has its own writer, whose copy is traced once
             _logs.without_retracing_warning(copy)
@@ -735,6 +737,30 @@ def _other_dtype(error: BaseException) -> bool:
     import tensorflow as tf
 
     return isinstance(error, tf.errors.InvalidArgumentError) and "does not equal original dtype" in str(error)
+
+
+def _is_storage_error(error: BaseException) -> bool:
+    """True for an error of the files or the storage (TensorFlow's runtime errors, the OS's);
+    False for one of the state being saved (a ValueError while tracing its copy, say)."""
+    import tensorflow as tf
+
+    return isinstance(error, (OSError, tf.errors.OpError))
+
+
+def _state_not_saved(directory: str, error: BaseException, *, async_save: bool) -> CheckpointError:
+    """The error of a save that failed on the training state, before any file was written: a
+    restart would fail the same way, and the storage is not at fault."""
+    if async_save:
+        what = "the training state could not be copied to host memory for the background write"
+        fix = ("save synchronously (checkpoint_options=CheckpointOptions(async_save=False), or --sync-save), "
+               "which copies nothing first, and report the model whose variables caused it")
+    else:
+        what = "the training state could not be serialized"
+        fix = "keep the object the error names out of the model's attributes, or make it a tf.Variable"
+    return CheckpointError(
+        f"saving a checkpoint to {directory!r} failed before anything was written: {what} "
+        f"({describe(error, limit=300)}); the storage is not at fault. Fix: {fix}. The earlier checkpoints are unchanged."
+    )
 
 
 def _save_failed(directory: str, error: BaseException) -> CheckpointIOError:

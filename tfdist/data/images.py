@@ -168,8 +168,9 @@ class ImageFolderSource:
     Args:
       directory: The folder, on any TensorFlow filesystem: a local path or ``gs://...``.
       labels: ``"inferred"``: one subfolder per class. None: every image under ``directory`` at
-        any depth, without labels, to predict. Or a list of class numbers, one per image in the
-        order of their paths. Defaults to ``"inferred"``.
+        any depth, without labels: to predict, or to train a model that needs none (an
+        autoencoder, a GAN). Or a list of class numbers, one per image in the order of their
+        paths. Defaults to ``"inferred"``.
       image_size: ``(height, width)`` every image is resized to. Defaults to ``(256, 256)``.
       color_mode: ``"rgb"`` (3 channels), ``"grayscale"`` (1) or ``"rgba"`` (4).
         Defaults to ``"rgb"``.

@@ -82,7 +82,9 @@ def load_npz(path: str, validation_fraction: float = 0.2) -> tuple[ArraySource, 
     if "x" not in arrays or "y" not in arrays:
         raise DataError(
             f"the .npz file must hold arrays named x and y; received {path!r} with {sorted(arrays)}. "
-            "Fix: save it with np.savez(path, x=..., y=...) (and optionally x_val=..., y_val=...)."
+            "Fix: save it with np.savez(path, x=..., y=...) (and optionally x_val=..., y_val=...); for a model "
+            "that trains without labels (a GAN, an autoencoder), call tfdist.fit(build, x) in a script, which "
+            "`tfdist launch` runs on every task."
         )
     if ("x_val" in arrays) != ("y_val" in arrays):
         given = "x_val" if "x_val" in arrays else "y_val"

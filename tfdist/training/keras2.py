@@ -16,8 +16,10 @@ from tfdist.errors import ModelError
 from tfdist.strategy_kinds import wrap
 from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
-                                          compile_fix, defined_in, fresh_metrics, merged_history,
-                                          model_fingerprint, not_a_model, summed_gradients, warn_low_precision_outputs)
+                                          compile_fix, defined_in, fresh_metrics, held_optimizers,
+                                          is_default_optimizer, merged_history, model_fingerprint, no_labels_for_loss,
+                                          not_a_model, nothing_to_validate, summed_gradients,
+                                          warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -152,23 +154,65 @@ def build_state(model, sample: tuple) -> None:
     """Creates the optimizer slots and the compiled loss and metric objects now (Keras creates
     them at the first step), so that a checkpoint restores into them before training starts.
     ``sample``: one batch as the model's ``train_step`` receives it: ``(x, y)``, ``(x, y, sample_weight)``
-    or ``x`` alone, each part a nest of arrays."""
+    or ``x`` alone, each part a nest of arrays.
+
+    The model is traced on the sample's shapes, not run: its layers are built, and no random
+    generator, counter or metric moves (as before tf_keras' own first step). A model compiled
+    with ``run_eagerly=True`` is called on the sample instead."""
     import tensorflow as tf
-    import tf_keras
 
     labelled = isinstance(sample, tuple) and len(sample) >= 2
     x = tf.nest.map_structure(tf.constant, sample[0] if isinstance(sample, tuple) else sample)
-    # A model with a train_step and no call() (the GAN form) is never called by tf_keras' fit.
-    callable_model = type(model).call is not tf_keras.Model.call or tf_keras_compat.is_graph_network(model)
     with model.distribute_strategy.scope():
-        if callable_model:
-            y_pred = model(x, training=False)
+        if _callable(model):  # a model with a train_step and no call() (the GAN form): tf_keras' fit never calls it
+            if model.run_eagerly:  # its call() may need eager tensors, as its steps get
+                y_pred = model(x, training=False)
+            else:
+                specs = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), x)
+                trace = tf.function(lambda inputs: model(inputs, training=False))
+                y_pred = trace.get_concrete_function(specs).structured_outputs
             model.compiled_loss.build(y_pred)
             if labelled:
                 model.compiled_metrics.build(y_pred, tf.nest.map_structure(tf.constant, sample[1]))
         optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        build_optimizer(optimizer, model.trainable_variables)
+        if not _unused_default_optimizer(model):
+            build_optimizer(optimizer, model.trainable_variables)
         _aggregate_schedule_variable(optimizer, model.distribute_strategy)
+
+
+def _unused_default_optimizer(model) -> bool:
+    """True for the RMSprop ``super().compile()`` leaves on a model with optimizers of its own
+    (keras.io's GAN): it stays unbuilt and out of checkpoints. If a ``train_step`` uses it after
+    all, its first step builds it, and a checkpoint restores into it then, as into the model's
+    own optimizers."""
+    import tf_keras
+
+    classes = (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer)
+    return bool(held_optimizers(model, classes)) and is_default_optimizer(model.optimizer,
+                                                                          tf_keras.optimizers.RMSprop)
+
+
+def _callable(model) -> bool:
+    """False for a model with no ``call()`` of its own (a functional model has tf_keras')."""
+    import tf_keras
+
+    return type(model).call is not tf_keras.Model.call or tf_keras_compat.is_graph_network(model)
+
+
+def _uses_tf_keras_step(model, name: str) -> bool:
+    """True if the model's method ``name`` (``train_step``, ``test_step``) is tf_keras' own, not a subclass's."""
+    return getattr(type(model), name).__module__.split(".")[0] == "tf_keras"
+
+
+def check_labels_for_loss(model, sample: Any) -> None:
+    """Refuses data without labels for a model whose compiled loss needs them under tf_keras' own
+    ``train_step`` (tf_keras' error is a traceback from inside its step)."""
+    import tf_keras
+
+    labelled = isinstance(sample, tuple) and len(sample) >= 2
+    if labelled or not _uses_tf_keras_step(model, "train_step") or not model.loss:
+        return
+    raise no_labels_for_loss(model, f"tf_keras {tf_keras.__version__}")
 
 
 def _aggregate_schedule_variable(optimizer, strategy) -> None:
@@ -278,6 +322,7 @@ class TfKeras(KerasAdapter):
 
     def prepare(self, model, *, sample, grad_accum_steps: int) -> None:
         """Installs accumulation and creates every variable now (a checkpoint restores into them)."""
+        check_labels_for_loss(model, sample)
         install_grad_accumulation(model, grad_accum_steps, unrolled=self.strategy.aggregating_variables)
         build_state(model, sample)
         if self.strategy.concurrent_updates:
@@ -324,6 +369,9 @@ class TfKeras(KerasAdapter):
             callbacks, verbose):
         """Runs tf_keras' fit from the controller's start; returns its History."""
         from tfdist.training.callback import EpochBeginCallback, TrainingCallback
+
+        if validation_data is not None and _uses_tf_keras_step(model, "test_step") and not _callable(model):
+            raise nothing_to_validate(model, "no call() method, which")
 
         return model.fit(
             train_data,

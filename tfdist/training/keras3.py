@@ -23,8 +23,9 @@ from tfdist.errors import ModelError
 from tfdist.strategy_kinds import wrap
 from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (carry_weight_decay_exclusions, check_own_train_step, compile_fix, defined_in,
-                                          fresh_metrics, merged_history, model_fingerprint, not_a_model,
-                                          summed_gradients, warn_low_precision_outputs)
+                                          fresh_metrics, held_optimizers, is_default_optimizer, merged_history,
+                                          model_fingerprint, no_labels_for_loss, not_a_model, summed_gradients,
+                                          warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -218,11 +219,7 @@ def check_labels_for_loss(model, sample: Any) -> None:
     labelled = isinstance(sample, tuple) and len(sample) >= 2
     if labelled or not uses_keras_step(model, "train_step") or keras3_compat.compiled_loss(model) is None:
         return
-    raise ModelError(
-        f"the model {model.name!r} is compiled with a loss, which compares its outputs to labels; received data "
-        "without labels (x alone). Fix: pass (x, y) (for an autoencoder, (x, x)), or compute the loss in the "
-        f"model's own train_step (see keras.io's VAE and GAN examples); Keras {keras.__version__} fails the same way."
-    )
+    raise no_labels_for_loss(model, f"Keras {keras.__version__}")
 
 
 def uses_keras_step(model, name: str) -> bool:
@@ -234,34 +231,16 @@ def own_optimizers(model) -> list:
     """The optimizers a model holds besides ``model.optimizer`` (a GAN's ``d_optimizer`` and
     ``g_optimizer``), found in the model's checkpoint graph, in a fixed order."""
     import keras
-    import tensorflow as tf
 
-    found = [obj for obj in tf.train.TrackableView(model).descendants()
-             if isinstance(obj, keras.optimizers.Optimizer) and obj is not model.optimizer]
-    return list({id(o): o for o in found}.values())
+    return held_optimizers(model, keras.optimizers.Optimizer)
 
 
 def _is_default_optimizer(model) -> bool:
-    """True if ``model.optimizer`` is the one ``compile()`` makes when given none (RMSprop with
-    Keras' defaults): a model with its own optimizers then never uses it (keras.io's GAN calls
-    ``super().compile()``), so it is left unbuilt, its slots out of every checkpoint."""
-    import inspect
-
+    """True if ``model.optimizer`` is the RMSprop ``compile()`` makes when given none
+    (``keras_common.is_default_optimizer``)."""
     import keras
-    import numpy as np
 
-    optimizer = model.optimizer
-    if type(optimizer) is not keras.optimizers.RMSprop:
-        return False
-    defaults = inspect.signature(keras.optimizers.RMSprop.__init__).parameters  # no optimizer made to compare
-    config = {k: v for k, v in optimizer.get_config().items() if k != "name"}
-
-    def is_default(key, value):  # a float option comes back through a float32 variable
-        default = defaults[key].default if key in defaults else inspect.Parameter.empty
-        return value == default or (isinstance(value, float) and isinstance(default, float)
-                                    and np.float32(value) == np.float32(default))
-
-    return all(is_default(key, value) for key, value in config.items())
+    return is_default_optimizer(model.optimizer, keras.optimizers.RMSprop)
 
 
 def _build_own_optimizers(model, strategy, sample: Any, optimizers: list) -> None:

@@ -1,8 +1,8 @@
 """What the two Keras adapters (``keras3``, ``keras2``) share: which package a model comes from,
 its structural fingerprint, the History of a whole run, the low-precision output warning, a
 cache of the last model's functions, what an optimizer's copy needs besides its config, the fix
-for a model tfdist cannot use, the refusal to accumulate over a model's own train_step and the
-sum of the micro steps' gradients."""
+for a model tfdist cannot use, the refusal to accumulate over a model's own train_step, the
+sum of the micro steps' gradients, and the optimizers a model holds besides its default one."""
 
 from __future__ import annotations
 
@@ -161,3 +161,91 @@ def build_optimizer(optimizer: Any, variables: list) -> None:
     build = keras_compat.optimizer_builder(optimizer)
     if build is not None:
         build(variables)
+
+
+def held_optimizers(model, optimizer_class) -> list:
+    """The optimizers a model holds besides ``model.optimizer`` (a GAN's ``d_optimizer`` and
+    ``g_optimizer``), found in the model's checkpoint graph, each once, in a fixed order.
+
+    Args:
+      model: A Keras 3 or tf_keras model.
+      optimizer_class: The optimizer class (or tuple of classes) of the model's Keras.
+
+    Returns:
+      The optimizers, in the order of the checkpoint graph.
+    """
+    import tensorflow as tf
+
+    found = [obj for obj in tf.train.TrackableView(model).descendants()
+             if isinstance(obj, optimizer_class) and obj is not model.optimizer]
+    return list({id(o): o for o in found}.values())
+
+
+# Options that say nothing of how an optimizer trains: its name, whether Keras may compile its
+# update (tf_keras turns it off where it cannot), and tf_keras' flag for its legacy classes.
+_NOT_HYPERPARAMETERS = ("name", "jit_compile", "is_legacy_optimizer")
+
+
+def is_default_optimizer(optimizer, rmsprop_class) -> bool:
+    """True if ``optimizer`` is the one ``compile()`` makes when given none: RMSprop with Keras'
+    defaults. A model with its own optimizers never uses it (keras.io's GAN calls
+    ``super().compile()``), so it is left unbuilt, its slots out of every checkpoint.
+
+    Args:
+      optimizer: The model's ``optimizer``.
+      rmsprop_class: ``keras.optimizers.RMSprop`` or ``tf_keras.optimizers.RMSprop``.
+
+    Returns:
+      Whether its class is ``rmsprop_class`` and every option has its default value.
+    """
+    import inspect
+
+    import numpy as np
+
+    if type(optimizer) is not rmsprop_class:
+        return False
+    defaults = inspect.signature(rmsprop_class.__init__).parameters  # no optimizer made to compare
+    config = {k: v for k, v in optimizer.get_config().items() if k not in _NOT_HYPERPARAMETERS}
+
+    def is_default(key, value):  # a float option comes back through a float32 variable
+        default = defaults[key].default if key in defaults else inspect.Parameter.empty
+        return value == default or (isinstance(value, float) and isinstance(default, float)
+                                    and np.float32(value) == np.float32(default))
+
+    return all(is_default(key, value) for key, value in config.items())
+
+
+def no_labels_for_loss(model, keras_name: str) -> ModelError:
+    """The refusal of data without labels for a model whose compiled loss needs them under its
+    Keras' own ``train_step``.
+
+    Args:
+      model: The model.
+      keras_name: Its Keras and version, as the message names it (``Keras 3.15.1``).
+
+    Returns:
+      The ModelError to raise.
+    """
+    return ModelError(
+        f"the model {model.name!r} is compiled with a loss, which compares its outputs to labels; received data "
+        "without labels (x alone). Fix: pass (x, y) (for an autoencoder, (x, x)), or compute the loss in the "
+        f"model's own train_step (see keras.io's VAE and GAN examples); {keras_name} fails the same way."
+    )
+
+
+def nothing_to_validate(model, cause: str) -> ModelError:
+    """The refusal of validation data for a model whose Keras' own ``test_step`` cannot evaluate it.
+
+    Args:
+      model: The model.
+      cause: What it lacks, ending in a word that leads to "Keras' own test_step needs":
+        ``"no call() method, which"`` or ``"no compiled loss, and"``.
+
+    Returns:
+      The ModelError to raise.
+    """
+    return ModelError(
+        f"the model {model.name!r} has {cause} Keras' own test_step needs to evaluate the validation data; "
+        "received validation data for it. Fix: leave validation_data (and validation_split) out, or give the "
+        "model a test_step of its own (as its train_step)."
+    )

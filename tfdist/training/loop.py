@@ -22,7 +22,7 @@ from tfdist._logs import without_retracing_warning
 from tfdist.errors import DataError, ModelError
 from tfdist.strategy_kinds import wrap
 from tfdist.training.keras3 import check_accumulation, accumulating_train_step, check_model, uses_keras_step
-from tfdist.training.keras_common import LastModelCache
+from tfdist.training.keras_common import LastModelCache, nothing_to_validate
 
 log = logging.getLogger("tfdist")
 
@@ -404,12 +404,7 @@ def _validate(model, strategy, functions: _Functions, callback_list, data, steps
         no_call = isinstance(e, NotImplementedError) and "call()" in str(e)
         if not no_call and "No loss to compute" not in str(e):
             raise
-        cause = "no call() method, which" if no_call else "no compiled loss, and"
-        raise ModelError(
-            f"the model {model.name!r} has {cause} Keras' own test_step needs to evaluate the validation data; "
-            "received validation data for it. Fix: leave validation_data (and validation_split) out, or give the "
-            "model a test_step of its own (as its train_step)."
-        ) from None
+        raise nothing_to_validate(model, "no call() method, which" if no_call else "no compiled loss, and") from None
 
 
 def _validate_pass(model, strategy, functions: _Functions, callback_list, data, steps: int | None, coordinator) -> dict:

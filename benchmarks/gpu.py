@@ -248,7 +248,6 @@ def user_pipeline(paths: list[str], shape: list[int], batch: int, seed: int):
 def _tfrecord_source(x, y, directory: str, *, files: int = 1):
     """The images written to ``files`` TFRecord files (uint8 bytes + label, example i in file i
     mod ``files``), read back by tfdist.TFRecordSource."""
-    import numpy as np
     import tensorflow as tf
 
     import tfdist

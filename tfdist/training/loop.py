@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from tfdist import _checks, _signals
 from tfdist._logs import without_retracing_warning
-from tfdist.errors import DataError, ModelError
+from tfdist.errors import DataError
 from tfdist.strategy_kinds import wrap
 from tfdist.training.keras3 import check_accumulation, accumulating_train_step, check_model, uses_keras_step
 from tfdist.training.keras_common import LastModelCache, nothing_to_validate

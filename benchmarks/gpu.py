@@ -640,6 +640,14 @@ def part_c(run: Run, script: str, every_steps: int | None) -> None:
                      "when there is one.")
 
 
+def _stall(runs: dict, synthetic: list, name: str) -> tuple[dict, str]:
+    """Variant ``name``'s stall against ``synthetic`` (paired by repetition), and the cell that shows it."""
+    stall = _common.summary([1 - s["step_seconds"] / t["step_seconds"] for s, t in zip(synthetic, runs[name])])
+    cell = (f"**{_common.fmt(stall, 100, ' %')}**; this {_common.fmt(_common.summary_of(runs[name], 'step_seconds'), 1e3, ' ms')}, "
+            f"synthetic {_common.fmt(_common.summary_of(synthetic, 'step_seconds'), 1e3, ' ms')}")
+    return stall, cell
+
+
 def part_d(run: Run, precision: str, *, gather: bool = True) -> None:
     import tfdist
 
@@ -665,7 +673,7 @@ def part_d(run: Run, precision: str, *, gather: bool = True) -> None:
                              "not measured: this tfdist has no `tfdist.TFRecordSource` (built on another branch; "
                              "the row appears when `hasattr(tfdist, \"TFRecordSource\")`)", "–", "–"))
             continue
-        stall = _common.summary([1 - s["step_seconds"] / t["step_seconds"] for s, t in zip(synthetic, runs[name])])
+        stall, cell = _stall(runs, synthetic, name)
         run.results["d"][name] = {"stall": stall}
         utilization = [v for r in runs[name] for epoch in r["utilization"] for v in epoch]
         util = (f"; nvidia-smi utilization.gpu {sum(utilization) / len(utilization):.0f} % "
@@ -679,8 +687,7 @@ def part_d(run: Run, precision: str, *, gather: bool = True) -> None:
         run.rows.append((
             f"(d) input stall, {source}: 1 - synthetic step / this step, {precision}, "
             f"one_device {run.device}, batch {run.workload.batch}",
-            f"**{_common.fmt(stall, 100, ' %')}**; this {_common.fmt(_common.summary_of(runs[name], 'step_seconds'), 1e3, ' ms')}, "
-            f"synthetic {_common.fmt(_common.summary_of(synthetic, 'step_seconds'), 1e3, ' ms')}{util}",
+            cell + util,
             "(≈ 0: report)", "–"))
     ratio = _common.paired(runs["plain tf.data"], runs["tfdist arrays"], "step_seconds")
     run.results["d"]["tfdist / plain"] = ratio
@@ -704,15 +711,13 @@ def part_f(run: Run, precision: str) -> None:
     run.results["f"] = {"runs": runs}
     synthetic = runs["user synthetic"]
     for name, what in (("user tfdist", "`tfdist.fit`"), ("user plain", "Keras 3's own `model.fit`")):
-        stall = _common.summary([1 - s["step_seconds"] / t["step_seconds"] for s, t in zip(synthetic, runs[name])])
+        stall, cell = _stall(runs, synthetic, name)
         run.results["f"][name] = {"stall": stall}
         run.rows.append((
             f"(f) input stall of a user's own tf.data pipeline (8 TFRecord files, `map(parse)`, `shuffle(2048)`, "
             f"`batch({run.workload.batch}, drop_remainder=True)`, `prefetch`, `repeat`) under {what}: 1 - synthetic step / "
             f"this step, Keras 3, {precision}, one_device {run.device}",
-            f"**{_common.fmt(stall, 100, ' %')}**; this {_common.fmt(_common.summary_of(runs[name], 'step_seconds'), 1e3, ' ms')}, "
-            f"synthetic {_common.fmt(_common.summary_of(synthetic, 'step_seconds'), 1e3, ' ms')}",
-            "(≈ 0: report)", "–"))
+            cell, "(≈ 0: report)", "–"))
     ratio = _common.paired(runs["user plain"], runs["user tfdist"], "step_seconds")
     run.results["f"]["tfdist / plain"] = ratio
     run.rows.append((f"(f) step time on that pipeline, `tfdist.fit` / Keras 3's `model.fit`, {precision}",

@@ -401,15 +401,18 @@ def test_read_index_agrees_with_tensorflow(run_dir):
 
 
 # --- bad arguments --------------------------------------------------------------------------
-def test_missing_directory_is_one_line_exit_2_without_traceback(tmp_path):
+def test_missing_directory_is_one_line_exit_2_without_traceback(tmp_path, capsys):
     missing = str(tmp_path / "nowhere")
+    # As a process (what a shell sees), then every command in this one.
+    proc = subprocess.run([sys.executable, "-m", "tfdist", "ckpt", "verify", missing],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("tfdist")]) == 1
     for command in ("list", "inspect", "verify"):
-        proc = subprocess.run([sys.executable, "-m", "tfdist", "ckpt", command, missing],
-                              capture_output=True, text=True, env=ENV, timeout=120)
-        assert proc.returncode == 2, proc.stderr
-        lines = [line for line in proc.stderr.splitlines() if line.startswith("tfdist")]
-        assert len(lines) == 1 and "Traceback" not in proc.stderr
-        assert missing in lines[0] and "Fix:" in lines[0]
+        code, out, err = cli(capsys, command, missing)
+        assert code == 2 and out == "", err
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tfdist") and missing in lines[0] and "Fix:" in lines[0]
     # ram:// is each process's own memory: a new command's is empty, and the error says so.
     proc = subprocess.run([sys.executable, "-m", "tfdist", "ckpt", "list", "ram://run/checkpoints"],
                           capture_output=True, text=True, env=ENV, timeout=120)

@@ -1270,21 +1270,6 @@ def test_a_scheme_tensorflow_cannot_open_is_refused_before_training(tmp_path, ca
     assert err.count("\n") == 1 and "received --output-dir='s3://bucket/run'" in err and "Fix:" in err
 
 
-@pytest.mark.timeout(300)
-def test_a_checkpoint_of_two_replicas_resumes_on_one_at_the_same_step_without_warnings(procs, tmp_path):
-    out_dir = tmp_path / "run"
-    code, out = _train(procs, out_dir, [*STRATEGY_ARGS["mirrored"], "--epochs", "1"])
-    assert code == 0, out[-3000:]
-    code, out = _train(procs, out_dir, [*STRATEGY_ARGS["one_device"], "--epochs", "2"])
-    assert code == 0, out[-3000:]
-    summary = read_json(out_dir / "summary.json")
-    assert summary["start_step"] == 8 and summary["global_step"] == 16 and summary["num_replicas"] == 1
-    assert "saved by 2 replicas, this run has 1" in out
-    noisy = [line for line in out.splitlines() if "could not be found" in line or "Unresolved object" in line]
-    assert not noisy, noisy[:3]
-
-
-
 _REPLICA_COUNTS = textwrap.dedent(
     """
     import json, shutil, sys, tempfile

@@ -198,11 +198,11 @@ def user_builder(function: Callable, *, name: str, input_shape: Sequence[int], n
     arguments = {key: value for key, value in given.items() if takes_any or key in parameters}
 
     def build_and_check():
+        from tfdist.training.keras_common import defined_in  # a subclass's Keras is that of a base class
+
         model = function(**arguments)
         expected = keras_module(keras).__name__
-        # A subclass (keras.io's GAN) lives in the user's module: its Keras is the package of a base class.
-        package = next((c.__module__.split(".")[0] for c in type(model).__mro__
-                        if c.__module__.split(".")[0] in ("keras", "tf_keras")), None)
+        package = next((p for p in ("keras", "tf_keras") if defined_in(model, p)), None)
         if not hasattr(model, "compile") or package is None:
             raise ModelError(f"--model {name} must return a compiled Keras model; received {type(model).__name__}. "
                              "Fix: build the model, compile it and return it.")

@@ -17,7 +17,7 @@ from tfdist.strategy_kinds import wrap
 from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (build_optimizer, carry_weight_decay_exclusions, check_own_train_step,
                                           compile_fix, defined_in, fresh_metrics, held_optimizers,
-                                          is_default_optimizer, merged_history, model_fingerprint, no_labels_for_loss,
+                                          inherited_from, is_default_optimizer, merged_history, model_fingerprint, no_labels_for_loss,
                                           not_a_model, nothing_to_validate, summed_gradients,
                                           warn_low_precision_outputs)
 
@@ -201,7 +201,7 @@ def _callable(model) -> bool:
 
 def _uses_tf_keras_step(model, name: str) -> bool:
     """True if the model's method ``name`` (``train_step``, ``test_step``) is tf_keras' own, not a subclass's."""
-    return getattr(type(model), name).__module__.split(".")[0] == "tf_keras"
+    return inherited_from(model, name, "tf_keras")
 
 
 def check_labels_for_loss(model, sample: Any) -> None:

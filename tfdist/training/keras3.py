@@ -23,9 +23,9 @@ from tfdist.errors import ModelError
 from tfdist.strategy_kinds import wrap
 from tfdist.training.adapter import KerasAdapter
 from tfdist.training.keras_common import (carry_weight_decay_exclusions, check_own_train_step, compile_fix, defined_in,
-                                          fresh_metrics, held_optimizers, is_default_optimizer, merged_history,
-                                          model_fingerprint, no_labels_for_loss, not_a_model, summed_gradients,
-                                          warn_low_precision_outputs)
+                                          fresh_metrics, held_optimizers, inherited_from, is_default_optimizer,
+                                          merged_history, model_fingerprint, no_labels_for_loss, not_a_model,
+                                          summed_gradients, warn_low_precision_outputs)
 
 log = logging.getLogger("tfdist")
 
@@ -224,7 +224,7 @@ def check_labels_for_loss(model, sample: Any) -> None:
 
 def uses_keras_step(model, name: str) -> bool:
     """True if the model's method ``name`` (``train_step``, ``test_step``, ``call``) is Keras' own, not a subclass's."""
-    return getattr(type(model), name).__module__.split(".")[0] == "keras"
+    return inherited_from(model, name, "keras")
 
 
 def own_optimizers(model) -> list:

@@ -22,6 +22,12 @@ def defined_in(obj: Any, package: str) -> bool:
     return any(c.__module__ == package or c.__module__.startswith(package + ".") for c in type(obj).__mro__)
 
 
+def inherited_from(model: Any, name: str, package: str) -> bool:
+    """True if the model's method ``name`` (``train_step``, ``test_step``, ``call``) is the one
+    ``package`` (``keras``, ``tf_keras``) defines, not a subclass's own."""
+    return getattr(type(model), name).__module__.split(".")[0] == package
+
+
 def not_a_model(obj: Any, *, use: str, kind: str = "Keras model", what: str = "model") -> ModelError:
     """The error for ``obj``, given to ``use`` (fit, evaluate, predict) where a ``kind`` of model
     belongs; ``what`` names it (``model returned by the builder function``: returning one fixes it)."""

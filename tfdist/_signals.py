@@ -88,7 +88,7 @@ def hold(moment: str) -> None:
       moment: where the caller is, one of ``HOLD_MOMENTS``.
     """
     wanted = env.get(env.TFDIST_TEST_HOLD)
-    if wanted is None or moment in _held or (env.get(env.TFDIST_RESTART) or "0") != "0":
+    if wanted is None or moment in _held or env.restart():
         return
     target, _, asked = wanted.rpartition("/")
     if asked != moment or (target and target != _task_name()):

@@ -99,6 +99,12 @@ def launched(environ: Mapping[str, str] | None = None) -> bool:
     return get(TFDIST_RESTART, environ) is not None
 
 
+def restart(environ: Mapping[str, str] | None = None) -> int:
+    """How many times the launcher has restarted this cluster: 0 on its first run, and outside a launcher."""
+    raw = get(TFDIST_RESTART, environ) or "0"
+    return int(raw) if raw.isdigit() else 0
+
+
 def in_cluster(environ: Mapping[str, str] | None = None) -> bool:
     """True in a task of a cluster: started by ``tfdist launch``, given a TF_CONFIG, or in a Slurm job."""
     return launched(environ) or any(get(name, environ) is not None for name in (TF_CONFIG, SLURM_JOB_ID))

@@ -65,9 +65,7 @@ class Faults:
 
     def __init__(self, *, task_name: str, start_step: int = 0, environ=None):
         environ = os.environ if environ is None else environ
-        restart = env.get(env.TFDIST_RESTART, environ) or "0"
-        faults = parse(env.get(env.TFDIST_FAULT, environ), task_name=task_name,
-                       restart=int(restart) if restart.isdigit() else 0)
+        faults = parse(env.get(env.TFDIST_FAULT, environ), task_name=task_name, restart=env.restart(environ))
         self._faults = {key: sig for key, sig in faults.items() if key[1] > start_step}
 
     def fire(self, event: str, step: int) -> None:

@@ -294,7 +294,6 @@ def fit_child(spec: dict, conn) -> None:
         return user_fit_child(spec, conn)
     _common.quiet_tensorflow()
     _setup_devices(spec.get("carve"))
-    import numpy as np
     import tensorflow as tf
     import tf_keras
 
@@ -348,29 +347,27 @@ def fit_child(spec: dict, conn) -> None:
             ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=spec["seed"])
             ds = ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
         model.fit(ds, epochs=w["epochs"], steps_per_epoch=w["steps"], verbose=0, callbacks=[timer])
+    turns.finish(_timed(result, timer, turns, start, steps=w["steps"], batch=batch, replicas=replicas,
+                        utilization=[s for s in sampler.samples if s]))
+
+
+def _timed(result: dict, timer, turns, start: float, *, steps: int, batch: int, replicas: int,
+           utilization: list) -> dict:
+    """``result`` with a variant's timings: the step time is the median epoch (the first left out) / steps."""
+    import numpy as np
+
     durations = [e - b for b, e in zip(timer.begin, timer.end)]
-    step = float(np.median(durations[1:])) / w["steps"]
-    result.update(
-        step_seconds=step,
-        examples_per_second=batch / step,
-        epoch_seconds=durations,
-        first_epoch_seconds=durations[0],
-        call_seconds=time.perf_counter() - start - turns.waited,
-        replicas=replicas,
-        global_batch=batch,
-        loss=timer.loss,
-        loss_scale=timer.loss_scale,
-        utilization=[s for s in sampler.samples if s],
-        params=int(timer.model.count_params()),
-    )
-    turns.finish(result)
+    step = float(np.median(durations[1:])) / steps
+    return dict(result, step_seconds=step, examples_per_second=batch / step, epoch_seconds=durations,
+                first_epoch_seconds=durations[0], call_seconds=time.perf_counter() - start - turns.waited,
+                replicas=replicas, global_batch=batch, loss=timer.loss, loss_scale=timer.loss_scale,
+                utilization=utilization, params=int(timer.model.count_params()))
 
 
 def user_fit_child(spec: dict, conn) -> None:
     """One variant of (f): the Keras 3 ResNet on a user's own tf.data pipeline over TFRecord files."""
     _common.quiet_tensorflow()
     import keras
-    import numpy as np
     import tensorflow as tf
 
     import tfdist
@@ -402,13 +399,7 @@ def user_fit_child(spec: dict, conn) -> None:
             model.fit(data, epochs=w["epochs"], steps_per_epoch=w["steps"], verbose=0, callbacks=[timer])
         else:
             model.fit(pipeline, epochs=w["epochs"], steps_per_epoch=w["steps"], verbose=0, callbacks=[timer])
-    durations = [e - b for b, e in zip(timer.begin, timer.end)]
-    step = float(np.median(durations[1:])) / w["steps"]
-    result.update(step_seconds=step, examples_per_second=batch / step, epoch_seconds=durations,
-                  first_epoch_seconds=durations[0], call_seconds=time.perf_counter() - start - turns.waited,
-                  replicas=1, global_batch=batch, loss=timer.loss, loss_scale=None, utilization=[],
-                  params=int(timer.model.count_params()))
-    turns.finish(result)
+    turns.finish(_timed(result, timer, turns, start, steps=w["steps"], batch=batch, replicas=1, utilization=[]))
 
 
 def plan_fit_child(spec: dict) -> dict:

@@ -153,9 +153,9 @@ def test_a_resumed_csv_logger_loses_the_rows_written_after_its_checkpoint_and_ke
     assert not (tmp_path / "absent.csv").exists()
 
 
+# Runs in each directory given, one after the other: a run started again, then the uninterrupted one.
 _KILLED_CSV_RUN = """
 import sys, numpy as np, keras, tfdist
-directory = sys.argv[1]
 x = np.random.default_rng(0).random((40, 8)).astype("float32")
 y = (x.sum(axis=1) > 4).astype("int32")
 def build():
@@ -163,8 +163,9 @@ def build():
                               keras.layers.Dense(2)])
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
-tfdist.fit(build, (x, y), epochs=4, batch_size=8, seed=1, strategy="one_device", verbose=0,
-           checkpoint_dir=directory + "/ckpt", callbacks=[keras.callbacks.CSVLogger(directory + "/log.csv")])
+for directory in sys.argv[1:]:
+    tfdist.fit(build, (x, y), epochs=4, batch_size=8, seed=1, strategy="one_device", verbose=0,
+               checkpoint_dir=directory + "/ckpt", callbacks=[keras.callbacks.CSVLogger(directory + "/log.csv")])
 """
 
 
@@ -175,16 +176,15 @@ def test_a_run_killed_while_an_epochs_save_is_in_flight_writes_that_epochs_csv_r
 
     from conftest import base_env
 
-    def run(directory, fault=None):
+    def run(*directories, fault=None):
         environ = base_env(**({"TFDIST_FAULT": fault} if fault else {}))
-        return procs.run([sys.executable, "-c", _KILLED_CSV_RUN, str(directory)], timeout=240, env=environ)
+        return procs.run([sys.executable, "-c", _KILLED_CSV_RUN, *map(str, directories)], timeout=240, env=environ)
 
-    code, out = run(tmp_path / "reference")
-    assert code == 0, out[-3000:]
     # 5 steps an epoch: killed as epoch 1's end save starts, after its row was written.
     code, out = run(tmp_path / "killed", fault="kill_after_save:10")
     assert code == -signal.SIGKILL, out[-3000:]
-    code, out = run(tmp_path / "killed")
+    # Started again; the same process then makes the uninterrupted run.
+    code, out = run(tmp_path / "killed", tmp_path / "reference")
     assert code == 0, out[-3000:]
     reference = _rows(tmp_path / "reference" / "log.csv")
     assert [row[0] for row in reference] == ["epoch", "0", "1", "2", "3"]
@@ -245,14 +245,28 @@ def _rows(path) -> list[list[str]]:
         return list(csv.reader(f))
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """``get(keras_name)``: the run with ``_callbacks`` never interrupted, made once a Keras:
+    (its History, its callbacks, its directory holding ``ref`` and ``ref.csv``). Tests only read it."""
+    runs = {}
+
+    def get(keras_name):
+        if keras_name not in runs:
+            directory = tmp_path_factory.mktemp(f"uninterrupted-{keras_name}")
+            cbs = _callbacks(keras_name, directory / "ref.csv")
+            runs[keras_name] = (_fit(keras_name, directory / "ref", directory / "ref.csv", callbacks=cbs), cbs, directory)
+        return runs[keras_name]
+
+    return get
+
+
 @pytest.mark.parametrize("keras_name", KERASES)
 @pytest.mark.parametrize("crash_at,save_every_steps,resumed_at", [(27, 5, 25), (24, None, 22)],
                          ids=["mid-epoch", "after-an-epoch-end"])
 def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted(
-        tmp_path, keras_name, crash_at, save_every_steps, resumed_at):
-    reference_cbs = _callbacks(keras_name, tmp_path / "ref.csv")
-    reference = _fit(keras_name, tmp_path / "ref", tmp_path / "ref.csv", callbacks=reference_cbs,
-                     save_every_steps=save_every_steps)
+        tmp_path, uninterrupted, keras_name, crash_at, save_every_steps, resumed_at):
+    reference, reference_cbs, ref_dir = uninterrupted(keras_name)
     # 11 steps an epoch; epochs 1 and 2 halve the learning rate; epoch 3 stops the run with epoch 0's weights.
     assert reference.epoch == [0, 1, 2, 3] and reference.tfdist.global_step == 44
     lr_key = "learning_rate" if "learning_rate" in reference.history else "lr"
@@ -268,11 +282,11 @@ def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted
     assert resumed.epoch == reference.epoch and resumed.history == reference.history
     assert resumed_cbs[3].batches == reference_cbs[3].batches == 44
     assert resumed_cbs[1].stopped_epoch == reference_cbs[1].stopped_epoch == 3
-    assert _rows(tmp_path / "int.csv") == _rows(tmp_path / "ref.csv") and len(_rows(tmp_path / "ref.csv")) == 5
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+    assert _rows(tmp_path / "int.csv") == _rows(ref_dir / "ref.csv") and len(_rows(ref_dir / "ref.csv")) == 5
+    assert_bit_identical(checkpoint_tensors(str(ref_dir / "ref")), checkpoint_tensors(str(tmp_path / "int")))
     # EarlyStopping put epoch 0's weights back into the model (the checkpoints hold the last step's
     # training state): the resumed run had them from the checkpoint it resumed from.
-    final = checkpoint_tensors(str(tmp_path / "ref"))
+    final = checkpoint_tensors(str(ref_dir / "ref"))
     saved_best = final[f"{layout.CALLBACKS}/cb1_EarlyStopping/0{layout.VALUE_SUFFIX}"]
     trained = [v for k, v in final.items() if v.shape == (64, 32) and not k.startswith(layout.CALLBACKS)]
     best, again = reference.model.get_weights(), resumed.model.get_weights()
@@ -287,7 +301,8 @@ def test_stateful_callbacks_make_an_interrupted_run_end_as_one_never_interrupted
 
 
 @pytest.mark.parametrize("keras_name", KERASES)
-def test_a_run_interrupted_after_early_stopping_decided_is_complete_when_started_again(tmp_path, keras_name):
+def test_a_run_interrupted_after_early_stopping_decided_is_complete_when_started_again(tmp_path, uninterrupted,
+                                                                                     keras_name):
     # The stopping epoch's save is the run's last: a run preempted or killed after it (before its
     # on_train_end) is complete, as the uninterrupted one, and does not train further epochs.
     keras = __import__(keras_name)
@@ -296,8 +311,7 @@ def test_a_run_interrupted_after_early_stopping_decided_is_complete_when_started
         def on_train_end(self, logs=None):  # after EarlyStopping decided; before tfdist's on_train_end
             raise Crash("interrupted after the stopping epoch's save")
 
-    reference = _fit(keras_name, tmp_path / "ref", tmp_path / "ref.csv",
-                     callbacks=_callbacks(keras_name, tmp_path / "ref.csv"))
+    reference, _, ref_dir = uninterrupted(keras_name)
     assert reference.epoch == [0, 1, 2, 3] and reference.tfdist.global_step == 44  # of 88: stopped early
     with pytest.raises(Crash):
         _fit(keras_name, tmp_path / "int", tmp_path / "int.csv",
@@ -306,10 +320,10 @@ def test_a_run_interrupted_after_early_stopping_decided_is_complete_when_started
                  callbacks=_callbacks(keras_name, tmp_path / "int.csv"))
     assert again.tfdist.start_step == again.tfdist.global_step == 44
     assert again.epoch == reference.epoch and again.history == reference.history
-    assert _rows(tmp_path / "int.csv") == _rows(tmp_path / "ref.csv")  # no row of an epoch 4
+    assert _rows(tmp_path / "int.csv") == _rows(ref_dir / "ref.csv")  # no row of an epoch 4
     # EarlyStopping's best weights (epoch 0's), as the uninterrupted run returned them.
     assert all(np.array_equal(a, b) for a, b in zip(reference.model.get_weights(), again.model.get_weights()))
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+    assert_bit_identical(checkpoint_tensors(str(ref_dir / "ref")), checkpoint_tensors(str(tmp_path / "int")))
 
 
 @pytest.mark.parametrize("keras_name,legacy", [("keras", False), ("tf_keras", False), ("tf_keras", True)],

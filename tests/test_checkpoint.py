@@ -286,6 +286,14 @@ def _fit(directory, data=None, **kwargs):
     return tfdist.fit(_tiny, data if data is not None else (_X, _Y), **options)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """``_fit``'s run never interrupted, made once for the tests that compare against it:
+    (its History, its checkpoint directory). Tests only read it."""
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    return _fit(directory), directory
+
+
 def test_fit_ends_its_background_writer_so_that_a_notebook_kernel_frees_each_model(tmp_path, monkeypatch):
     # TensorFlow's async writer thread waits for saves until the process exits, and its atexit
     # hook holds the model: one thread and one model per fit in a kernel that runs many. And
@@ -373,21 +381,20 @@ def test_a_metadata_file_that_cannot_be_written_fails_the_save_in_one_line(tmp_p
     assert _fit(tmp_path).tfdist.start_step == 6  # a checkpoint without its metadata is not resumed from
 
 
-def test_steps_per_execution_above_one_resumes_exactly(tmp_path):
-    reference = _fit(tmp_path / "ref")
+def test_steps_per_execution_above_one_resumes_exactly(tmp_path, uninterrupted):
+    reference, ref_dir = uninterrupted
     with pytest.raises(_Crash):
         _fit(tmp_path / "int", callbacks=[_crash_at(12)])  # executions of 3 steps: batch ends at 3, 6, 9, 12
     resumed = _fit(tmp_path / "int")
     assert resumed.tfdist.start_step == 9 and resumed.tfdist.global_step == 30
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")),
-                         checkpoint_tensors(str(tmp_path / "int")))
+    assert_bit_identical(checkpoint_tensors(str(ref_dir)), checkpoint_tensors(str(tmp_path / "int")))
     assert reference.history["loss"] == resumed.history["loss"]
 
 
-def test_a_signal_at_an_epochs_last_step_lets_the_epoch_finish_first(tmp_path, monkeypatch):
+def test_a_signal_at_an_epochs_last_step_lets_the_epoch_finish_first(tmp_path, monkeypatch, uninterrupted):
     from tfdist.checkpoint import layout
 
-    reference = _fit(tmp_path / "ref")
+    reference, ref_dir = uninterrupted
     monkeypatch.setenv("TFDIST_FAULT", "term_at_step:15")  # the last step of epoch 0
     with pytest.raises(SystemExit) as info:
         _fit(tmp_path / "int")
@@ -397,7 +404,7 @@ def test_a_signal_at_an_epochs_last_step_lets_the_epoch_finish_first(tmp_path, m
     monkeypatch.delenv("TFDIST_FAULT")
     resumed = _fit(tmp_path / "int")
     assert resumed.tfdist.start_step == 15 and resumed.history == reference.history
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
+    assert_bit_identical(checkpoint_tensors(str(ref_dir)), checkpoint_tensors(str(tmp_path / "int")))
 
 
 def test_a_dataset_of_unknown_length_resumes_exactly(tmp_path):
@@ -591,10 +598,11 @@ def _as_killed(directory) -> None:
     path.write_text(json.dumps({**record, "ended_at": None}))
 
 
-def test_a_save_the_state_file_never_listed_is_made_again_in_its_place_not_kept_as_a_copy(tmp_path, caplog):
+def test_a_save_the_state_file_never_listed_is_made_again_in_its_place_not_kept_as_a_copy(tmp_path, caplog,
+                                                                                      uninterrupted):
     from tfdist.checkpoint import layout
 
-    reference = _fit(tmp_path / "reference", epochs=2)
+    reference, ref_dir = uninterrupted
     _fit(tmp_path, epochs=1)  # 15 steps: saves at 3, 6, 9, 12, (keep 3) and 15
     # Killed after step 15's files were written, before the state file listed them (an async save in flight):
     # the state file lists up to 12, and the run's record as the directory's writer never says it ended.
@@ -605,7 +613,7 @@ def test_a_save_the_state_file_never_listed_is_made_again_in_its_place_not_kept_
     assert resumed.tfdist.start_step == 12 and resumed.history == reference.history
     assert "removed ckpt-15: this run's save of that step, never listed" in caplog.text
     assert not glob.glob(str(tmp_path / "*.replaced-*"))
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path)))
+    assert_bit_identical(checkpoint_tensors(str(ref_dir)), checkpoint_tensors(str(tmp_path)))
     # Killed while TensorFlow renamed the data into place, before it wrote the index: the same.
     half = tmp_path / "half"
     _fit(half, epochs=1)
@@ -1077,7 +1085,8 @@ def test_a_function_keras_creates_during_a_background_save_does_not_break_it(tmp
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), saved))
 
 
-def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_locally(tmp_path, monkeypatch, capsys):
+def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_locally(tmp_path, monkeypatch, capsys,
+                                                                                    uninterrupted):
     """``ram://`` stands in for gs:// / s3:// / hdfs://: every read, write, listing and removal
     must go through TensorFlow's filesystem layer, none through the local disk."""
     import tensorflow as tf
@@ -1085,7 +1094,7 @@ def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_loca
     from tfdist.checkpoint import inspect, layout
     from tfdist.cli import main
 
-    reference = _fit(tmp_path / "reference")
+    reference, ref_dir = uninterrupted
     workdir = tmp_path / "cwd"
     workdir.mkdir()
     monkeypatch.chdir(workdir)
@@ -1095,7 +1104,7 @@ def test_a_ram_filesystem_checkpoint_dir_resumes_exactly_and_writes_nothing_loca
     resumed = _fit(directory)
     assert resumed.tfdist.start_step == 9 and resumed.tfdist.global_step == 30
     assert resumed.history == reference.history
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(directory))
+    assert_bit_identical(checkpoint_tensors(str(ref_dir)), checkpoint_tensors(directory))
     # Retention (keep=3) and the metadata of deleted checkpoints went through the filesystem layer too.
     listed = [info for info in inspect.list_checkpoints(directory) if info.listed]
     assert [info.global_step for info in listed] == [24, 27, 30] and all(info.problem is None for info in listed)

@@ -376,7 +376,9 @@ def test_ctrl_c_to_tfdist_train_piped_into_tee_saves_its_step_and_exits_130(proc
     assert proc.wait(timeout=120) == 130
     saved = layout.latest_metadata(str(out / "checkpoints")).global_step
     assert saved > 2 * 44  # the Ctrl-C's step in epoch 3, not epoch 2's end
-    code, again = procs.tfdist("train", "--model", "linear", "--epochs", "40", "--save-every-steps", "100000",
+    # The run started again resumes at that step. It ends with the epoch the step is in: the resume is what counts.
+    epochs = str(saved // 44 + 1)
+    code, again = procs.tfdist("train", "--model", "linear", "--epochs", epochs, "--save-every-steps", "100000",
                                "--output-dir", str(out), timeout=200)
     assert code == 0 and f"global step {saved}" in again, again[-2000:]
 

@@ -1297,19 +1297,20 @@ _REPLICA_COUNTS = textwrap.dedent(
     for keras_name in ("keras", "tf_keras"):
         # More replicas than wrote the checkpoint: 1 -> 2 -> 3, each run going on where the last stopped.
         more = tempfile.mkdtemp()
-        steps = [fit(keras_name, replicas, epochs, more).tfdist for replicas, epochs in ((1, 1), (2, 2), (3, 3))]
+        steps = [fit(keras_name, replicas, epochs, more).tfdist for replicas, epochs in ((1, 1), (2, 2))]
+        two = tempfile.mkdtemp()  # the run as 2 replicas finished its second epoch
+        shutil.copytree(more, two, dirs_exist_ok=True)
+        steps.append(fit(keras_name, 3, 3, more).tfdist)
         results[keras_name + " more"] = [[s.num_replicas, s.start_step, s.global_step] for s in steps]
-        # A finished run of 2 replicas, started again on 3 and on 1: each replica starts from the mean of the
+        # That finished run of 2 replicas, started again on 3 and on 1: each replica starts from the mean of the
         # saved replicas' BatchNormalization statistics (a checkpoint of Keras 3's holds the first replica's).
-        two = tempfile.mkdtemp()
-        fit(keras_name, 2, 1, two)
         reader = tf.compat.v1.train.NewCheckpointReader(tf.train.latest_checkpoint(two))
         saved = [reader.get_tensor(name) for name in sorted(reader.get_variable_to_shape_map())
                  if name.startswith("replica_state/r2_v") and reader.get_tensor(name).dtype == np.float32]
         for replicas in (3, 1):
             copy = tempfile.mkdtemp()
             shutil.copytree(two, copy, dirs_exist_ok=True)
-            model = fit(keras_name, replicas, 1, copy).model
+            model = fit(keras_name, replicas, 2, copy).model
             statistics = [np.asarray(w) for w in model.non_trainable_weights if "moving" in w.name]
             results[f"{keras_name} 2 -> {replicas}"] = {
                 "statistics": len(statistics),

@@ -134,12 +134,16 @@ def launch(*flags: str, out_dir) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_launched_workers_signalled_at_their_first_trace_and_one_at_its_restore_lose_nothing(procs, tmp_path):
+def test_launched_workers_signalled_at_their_first_trace_and_one_at_its_restore_lose_nothing(procs, tmp_path,
+                                                                                            reference_runs):
+    from test_signals import launched_job_preempted_while_importing
+
     out_dir = tmp_path / "run"
-    # The same job, never interrupted.
-    code, out = procs.run(launch(out_dir=tmp_path / "uninterrupted"), timeout=300)
+    # The same job, its training never interrupted: its first run stopped while a worker imported TensorFlow.
+    reference, code, out = launched_job_preempted_while_importing(reference_runs)
     assert code == 0, out[-4000:]
-    _, uninterrupted = latest(tmp_path / "uninterrupted")
+    step, uninterrupted = latest(reference / "run")
+    assert step == STEPS and "1 cluster restart(s)" in out
 
     # SIGUSR1 to both workers while they trace their first step, as Slurm's --signal sends it:
     # they agree, save step 1 and exit 75; with no restart left, so does the launcher.

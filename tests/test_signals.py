@@ -102,19 +102,35 @@ def test_tfdist_train_signalled_while_it_imports_tensorflow_exits_with_the_docum
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def launched_job_preempted_while_importing(reference_runs):
+    """A ``tfdist launch`` job of 2 workers whose worker 1 gets SIGUSR1 while its first run imports
+    TensorFlow, as Slurm's ``--signal=USR1`` reaches a task still starting; made once for every
+    test that uses it. Returns (its directory, the launch's exit code, its output). Its training
+    is never interrupted: tests/test_signal_moments.py compares its launched drill with its end."""
+    from conftest import Processes
+    from test_signal_moments import TRAIN
+
+    def make(directory):
+        out_dir = directory / "run"
+        with Processes() as procs:
+            proc = procs.start([sys.executable, "-m", "tfdist", "launch", "--workers", "2", "--max-restarts", "1", "--",
+                                sys.executable, *TRAIN, "--output-dir", str(out_dir),
+                                "--summary-json", str(out_dir / "summary.json")],
+                               env=_holding_env(directory, "tensorflow", HOLD_TASK="worker:1"))
+            os.kill(_held_pid(proc), signal.SIGUSR1)
+            out = proc.communicate(timeout=360)[0]
+        (directory / "launch.out").write_text(out)
+        (directory / "launch.code").write_text(str(proc.returncode))
+
+    directory = reference_runs(["test_signals", "preempted while importing", *TRAIN], make)
+    return directory, int((directory / "launch.code").read_text()), (directory / "launch.out").read_text()
+
+
 @pytest.mark.timeout(400)
-def test_a_launched_task_preempted_while_it_imports_tensorflow_is_restarted_and_the_run_completes(procs, tmp_path):
-    # As Slurm's --signal=USR1 reaches a task still starting: it exits 75, the launcher restarts the cluster.
-    out_dir = tmp_path / "run"
-    proc = procs.start(
-        [sys.executable, "-m", "tfdist", "launch", "--workers", "2", "--max-restarts", "1", "--", sys.executable, "-m",
-         "tfdist", "train", "--model", "linear", "--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "16",
-         "--seed", "1", "--output-dir", str(out_dir), "--summary-json", str(out_dir / "summary.json")],
-        env=_holding_env(tmp_path, "tensorflow", HOLD_TASK="worker:1"),
-    )
-    os.kill(_held_pid(proc), signal.SIGUSR1)
-    out = proc.communicate(timeout=360)[0]
-    assert proc.returncode == 0, out[-4000:]
+def test_a_launched_task_preempted_while_it_imports_tensorflow_is_restarted_and_the_run_completes(reference_runs):
+    directory, code, out = launched_job_preempted_while_importing(reference_runs)
+    out_dir = directory / "run"
+    assert code == 0, out[-4000:]
     assert "[worker:1] tfdist: SIGUSR1 received while tfdist was not training: exiting with code 75" in out
     assert "worker:1 exited with code 75 (preempted)" in out and "1 cluster restart(s)" in out
     wait_for(lambda: (out_dir / "summary.json").exists(), timeout=5, what="the summary of the restarted run")

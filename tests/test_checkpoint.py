@@ -890,11 +890,20 @@ def test_a_failing_background_write_is_raised_and_earlier_checkpoints_stay(tmp_p
             assert _tree_digest(tmp_path).get(name) == digest, name
 
 
+# The scripts of the tests of replicas' state. One process runs them both (_replica_results), after
+# configuring its logical CPU devices before TensorFlow starts; each adds its part to ``results``.
+_REPLICAS_START = textwrap.dedent(
+    """
+    import json
+    import tfdist
+    devices = tfdist.split_cpu(3)
+    results = {}
+    """
+)
+
 _REPLICA_METRICS = textwrap.dedent(
     """
-    import json, sys, tempfile
-    import tfdist
-    devices = tfdist.split_cpu(2)
+    import sys, tempfile
     import numpy as np
     import tensorflow as tf
     import tf_keras
@@ -907,7 +916,7 @@ _REPLICA_METRICS = textwrap.dedent(
         m.compile("sgd", tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         return m
 
-    strategy = tfdist.make_strategy("mirrored", devices=devices)
+    strategy = tfdist.make_strategy("mirrored", devices=devices[:2])
     adapter, model = keras_model.resolve(build, strategy)
     adapter.prepare(model, sample=(np.zeros((4, 3), np.float32), np.zeros((4,), np.int64)), grad_accum_steps=1)
     loss = model.metrics[0]
@@ -955,18 +964,26 @@ _REPLICA_METRICS = textwrap.dedent(
     resumed.restore()
     statistics_after = replica_statistics()  # back right after the restore
     resumed.restore_metrics()
-    print("RESULT " + json.dumps({"before": before, "after": components(), "result": float(loss.result()),
-                                  "statistics_before": statistics_before, "statistics_after": statistics_after}))
+    results["metrics"] = {"before": before, "after": components(), "result": float(loss.result()),
+                          "statistics_before": statistics_before, "statistics_after": statistics_after}
     """
 )
 
 
-@pytest.mark.timeout(200)
-def test_each_replica_gets_its_own_on_read_state_back(procs):
+@pytest.fixture(scope="module")
+def _replica_results():
+    """What _REPLICA_METRICS and _REPLICA_COUNTS found, run in one process."""
+    script = _REPLICAS_START + _REPLICA_METRICS + _REPLICA_COUNTS + '\nprint("RESULT " + json.dumps(results))\n'
+    with _Processes() as procs:
+        return script_result(procs, script, timeout=480)
+
+
+@pytest.mark.timeout(500)
+def test_each_replica_gets_its_own_on_read_state_back(_replica_results):
     """Mirrored: a plain checkpoint would give each replica half the summed metric total and
     the mean of the BatchNormalization statistics (synchronized or not); the resumed run's
     float operations would then differ from an uninterrupted run's."""
-    result = script_result(procs, _REPLICA_METRICS, timeout=180)
+    result = _replica_results["metrics"]
     total, count = result["before"]
     assert total[0] != total[1] and count == [3.0, 3.0]
     assert result["after"] == result["before"]
@@ -1281,11 +1298,9 @@ def test_a_scheme_tensorflow_cannot_open_is_refused_before_training(tmp_path, ca
 
 _REPLICA_COUNTS = textwrap.dedent(
     """
-    import json, shutil, sys, tempfile
+    import shutil, tempfile
     import numpy as np
     import tensorflow as tf
-    import tfdist
-    devices = tfdist.split_cpu(3)
     from test_evaluation import _builder
 
     def fit(keras_name, replicas, epochs, directory):
@@ -1293,7 +1308,6 @@ _REPLICA_COUNTS = textwrap.dedent(
         return tfdist.fit(_builder(keras_name), "digits", epochs=epochs, batch_size=48, steps_per_epoch=6, seed=0,
                           deterministic=True, checkpoint_dir=directory, save_every_steps=4, verbose=0, **strategy)
 
-    results = {}
     for keras_name in ("keras", "tf_keras"):
         # More replicas than wrote the checkpoint: 1 -> 2 -> 3, each run going on where the last stopped.
         more = tempfile.mkdtemp()
@@ -1318,14 +1332,13 @@ _REPLICA_COUNTS = textwrap.dedent(
                 "first": [any(np.array_equal(w, per[0]) for per in saved) for w in statistics],
                 "replicas_differ": [bool(np.any(per[0] != per[1])) for per in saved],
             }
-    print("RESULT " + json.dumps(results))
     """
 )
 
 
-@pytest.mark.timeout(400)
-def test_a_checkpoint_resumes_on_more_or_fewer_replicas_from_the_mean_of_their_statistics(procs):
-    results = script_result(procs, _REPLICA_COUNTS, timeout=380)
+@pytest.mark.timeout(500)
+def test_a_checkpoint_resumes_on_more_or_fewer_replicas_from_the_mean_of_their_statistics(_replica_results):
+    results = _replica_results
     for keras_name in ("keras", "tf_keras"):
         # Each run resumes at the step the last one ended: a checkpoint without per-replica values, or with
         # another replica count's, is not refused as unreadable.

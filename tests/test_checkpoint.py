@@ -12,6 +12,7 @@ import hashlib
 import os
 import json
 import re
+import shutil
 import signal
 import sys
 import textwrap
@@ -712,7 +713,8 @@ def test_a_checkpoint_of_the_other_keras_is_refused_even_with_allow_changes(tmp_
 
 
 
-def test_checkpoints_of_another_model_under_allow_changes_are_refused_as_such_not_as_corrupt(tmp_path, procs):
+def test_checkpoints_of_another_model_under_allow_changes_are_refused_as_such_not_as_corrupt(tmp_path, procs,
+                                                                                         reference_runs):
     import tf_keras
 
     import tfdist
@@ -732,14 +734,15 @@ def test_checkpoints_of_another_model_under_allow_changes_are_refused_as_such_no
         tfdist.fit(wider, (_X, _Y), epochs=2, batch_size=20, seed=2, strategy="one_device", verbose=0,
                    checkpoint_dir=str(tmp_path), checkpoint_options=CheckpointOptions(allow_changes=True))
     assert _tree_digest(tmp_path) == before
-    # The command line: one line, exit 2 (tfdist launch does not restart it), nothing changed.
+    # The command line: one line, exit 2 (tfdist launch does not restart it), nothing changed. The run of
+    # another model is a copy of tests/test_signal_moments.py's: linear, 4 steps, saved every 2.
+    from test_signal_moments import uninterrupted_run
+
     out_dir = tmp_path / "cli"
-    code, out = procs.tfdist("train", "--model", "linear", "--epochs", "1", "--steps-per-epoch", "4",
-                             "--save-every-steps", "2", "--output-dir", str(out_dir), timeout=120, env=base_env())
-    assert code == 0, out[-3000:]
+    shutil.copytree(uninterrupted_run(reference_runs), out_dir)
     before = _tree_digest(out_dir / "checkpoints")
-    code, out = procs.tfdist("train", "--model", "mlp", "--epochs", "2", "--steps-per-epoch", "4", "--allow-changes",
-                             "--output-dir", str(out_dir), timeout=120, env=base_env())
+    code, out = procs.tfdist("train", "--model", "mlp", "--epochs", "2", "--steps-per-epoch", "4", "--batch-size", "16",
+                             "--seed", "1", "--allow-changes", "--output-dir", str(out_dir), timeout=120, env=base_env())
     assert code == 2 and "Traceback" not in out, out[-3000:]
     assert "hold other variables than this run's model and optimizer" in out and "corrupt" not in out, out[-3000:]
     assert "unrestored values" not in out and "could not be found" not in out, out[-3000:]  # no page after the line

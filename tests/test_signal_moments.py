@@ -24,7 +24,7 @@ from tfdist import env
 from tfdist.checkpoint import layout
 
 TRAIN = ["-m", "tfdist", "train", "--model", "linear", "--epochs", "1", "--steps-per-epoch", "4", "--batch-size", "16",
-         "--seed", "1", "--no-save-model"]
+         "--seed", "1", "--save-every-steps", "2", "--no-save-model"]
 STEPS = 4
 
 # The documented exit codes of `tfdist train` (docs/preemption.md). Before training and while it
@@ -73,17 +73,21 @@ def latest(out_dir) -> tuple[int, dict]:
     return layout.step_of(path), checkpoint_tensors(directory)
 
 
+def uninterrupted_run(reference_runs):
+    """The output directory of the run of ``TRAIN`` never interrupted, made once for every test
+    that uses it (tests/test_checkpoint.py starts another model's run on a copy of it)."""
+    def make(directory):
+        with Processes() as processes:
+            code, out = processes.run([sys.executable, *TRAIN, "--output-dir", str(directory)], timeout=300)
+        assert code == 0, out[-3000:]
+
+    return reference_runs(["test_signal_moments", *TRAIN], make)
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(reference_runs):
     """The last checkpoint of the same run, never interrupted."""
-    out_dir = tmp_path_factory.mktemp("uninterrupted")
-    processes = Processes()
-    try:
-        code, out = processes.run([sys.executable, *TRAIN, "--output-dir", str(out_dir)], timeout=300)
-    finally:
-        processes.close()
-    assert code == 0, out[-3000:]
-    step, tensors = latest(out_dir)
+    step, tensors = latest(uninterrupted_run(reference_runs))
     assert step == STEPS
     return tensors
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors, free_port, read_json
+from conftest import Processes, assert_bit_identical, base_env, checkpoint_tensors, free_port, read_json
 
 TRAIN = ["train", "--model", "resnet", "--epochs", "3", "--steps-per-epoch", "8", "--per-replica-batch-size", "16",
          "--seed", "1", "--deterministic", "--save-every-steps", "4", "--verbose", "0"]
@@ -177,37 +177,108 @@ def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp
                                rtol=1e-5, atol=1e-6)
 
 
-EVALUATE_SCRIPT = '''
-import json, os, sys
+# One launched job of two workers runs the fits of the three tests below in turn, each in its own
+# directory: every worker start costs ~7 s of CPU in imports, so five jobs would spend 8 more.
+# argv: the job's directory. Each part prints "PART <part> <keras>" on every worker before it starts.
+AFTER_FIT_SCRIPT = """
+import glob, json, os, sys
+import numpy as np
 import tfdist
 from tfdist.data import load_digits
 from test_evaluation import _builder
 
+job = sys.argv[1]
 train, val = load_digits()
-history = tfdist.fit(_builder(sys.argv[2]), (train.x, train.y), validation_data=(val.x, val.y), epochs=2, batch_size=64,
-                     seed=0, verbose=0)
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-predicted = tfdist.predict(history.model, val.x, batch_size=64, verbose=0)
-json.dump({"strategy": history.tfdist.strategy,
-           "predicted": predicted.tolist(), "labels": val.y.tolist(),
-           "last": {key: history.history["val_" + key][-1] for key in ("loss", "accuracy")},
-           "same_batch": tfdist.evaluate(history.model, val.x, val.y, batch_size=64),
-           "other_batch": tfdist.evaluate(history.model, (val.x, val.y), per_replica_batch_size=9, verbose=0)},
-          open(f"{sys.argv[1]}/worker{task}.json", "w"))
-'''
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("keras", ["keras", "tf_keras"])
-def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_whole_sets_results(procs, tmp_path, keras):
-    # Keras 3's own model.evaluate fails here (a PerReplica value it cannot convert); tfdist.evaluate
-    # runs fit's validation on its own: each worker's replica reads half of the examples.
+def evaluate(keras_name, out):
+    history = tfdist.fit(_builder(keras_name), (train.x, train.y), validation_data=(val.x, val.y), epochs=2,
+                         batch_size=64, seed=0, verbose=0)
+    predicted = tfdist.predict(history.model, val.x, batch_size=64, verbose=0)
+    json.dump({"strategy": history.tfdist.strategy,
+               "predicted": predicted.tolist(), "labels": val.y.tolist(),
+               "last": {key: history.history["val_" + key][-1] for key in ("loss", "accuracy")},
+               "same_batch": tfdist.evaluate(history.model, val.x, val.y, batch_size=64),
+               "other_batch": tfdist.evaluate(history.model, (val.x, val.y), per_replica_batch_size=9, verbose=0)},
+              open(f"{out}/worker{task}.json", "w"))
+
+
+def callback_files(keras_name, out):
+    keras = __import__(keras_name)
+    x = np.random.default_rng(0).random((128, 8)).astype("float32")
+    y = (x.sum(axis=1) > 4).astype("int32")
+
+    def build():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    weights = "w-{epoch:02d}.weights.h5" if keras_name == "keras" else "w-{epoch:02d}.h5"
+    best = "best.keras" if keras_name == "keras" else "best.h5"
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(os.path.join(out, weights), save_weights_only=True),
+        keras.callbacks.ModelCheckpoint(os.path.join(out, best), monitor="val_loss", save_best_only=True),
+        keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
+        keras.callbacks.TensorBoard(os.path.join(out, "tb")),
+    ]
+    tfdist.fit(build, (x, y), epochs=3, batch_size=32, seed=1, verbose=0, validation_data=(x, y), callbacks=callbacks)
+    paths = [str(getattr(cb, a)) for cb, a in zip(callbacks, ("filepath", "filepath", "filename", "log_dir"))]
+    print(f"PATHS {keras_name} " + json.dumps(paths), flush=True)
+
+
+def xla(keras_name, out):
+    keras = __import__(keras_name)
+
+    def build():
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=True)
+        return model
+
+    history = tfdist.fit(build, (train.x, train.y), epochs=1, steps_per_epoch=3, batch_size=32, seed=0, verbose=0)
+    print("TRAINED", keras_name, history.tfdist.strategy, history.tfdist.global_step, flush=True)
+
+
+for part in (evaluate, callback_files, xla):
+    for keras_name in ("keras", "tf_keras"):
+        out = os.path.join(job, f"{part.__name__}-{keras_name}")
+        os.makedirs(out, exist_ok=True)
+        print(f"PART {part.__name__} {keras_name}", flush=True)
+        part(keras_name, out)
+"""
+
+
+@pytest.fixture(scope="module")
+def after_fit(tmp_path_factory):
+    """The job of AFTER_FIT_SCRIPT: its directory and the launch's output."""
     import os
 
+    job = tmp_path_factory.mktemp("after-fit")
     environ = base_env(PYTHONPATH=os.path.dirname(os.path.dirname(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
-    out = procs.launch_script(tmp_path / "evaluate.py", EVALUATE_SCRIPT, tmp_path, keras, cluster=SYNC_CLUSTER,
-                              env=environ)
-    first, second = read_json(tmp_path / "worker0.json"), read_json(tmp_path / "worker1.json")
+    with Processes() as procs:
+        out = procs.launch_script(job / "job.py", AFTER_FIT_SCRIPT, job, cluster=SYNC_CLUSTER, env=environ, timeout=540)
+    return job, out
+
+
+def _part(out: str, task: str, part: str) -> str:
+    """The lines that ``task`` printed to stdout while it ran ``part`` ("evaluate keras") of the job."""
+    lines, current = [], None
+    for line in out.splitlines():
+        if line.startswith(f"[{task}] PART "):
+            current = line.split(" PART ", 1)[1].strip()
+        elif line.startswith(f"[{task}] ") and current == part:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("keras", ["keras", "tf_keras"])
+def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_whole_sets_results(after_fit, keras):
+    # Keras 3's own model.evaluate fails here (a PerReplica value it cannot convert); tfdist.evaluate
+    # runs fit's validation on its own: each worker's replica reads half of the examples.
+    job, out = after_fit
+    first, second = read_json(job / f"evaluate-{keras}" / "worker0.json"), read_json(job / f"evaluate-{keras}" / "worker1.json")
     assert first == second
     assert first["strategy"] == "multi_worker_mirrored"
     assert first["same_batch"] == first["last"]
@@ -219,50 +290,21 @@ def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_who
     assert first["other_batch"]["accuracy"] == first["last"]["accuracy"]
     assert first["other_batch"]["loss"] == pytest.approx(first["last"]["loss"], rel=1e-6)
     # Progress shows on the chief only: 6 steps, as each replica evaluates 180 (or 179) of 359 examples, 32 at a time.
-    assert "[worker:0] 6/6 - " in out and "[worker:1] 6/6" not in out
+    assert "[worker:0] 6/6 - " in _part(out, "worker:0", f"evaluate {keras}")
+    assert "[worker:1] 6/6" not in _part(out, "worker:1", f"evaluate {keras}")
 
 
-CALLBACK_FILES_SCRIPT = '''
-import glob, json, os, sys
-import numpy as np
-import tfdist
-
-out, keras_name = sys.argv[1], sys.argv[2]
-keras = __import__(keras_name)
-x = np.random.default_rng(0).random((128, 8)).astype("float32")
-y = (x.sum(axis=1) > 4).astype("int32")
-
-def build():
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
-    model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-weights = "w-{epoch:02d}.weights.h5" if keras_name == "keras" else "w-{epoch:02d}.h5"
-best = "best.keras" if keras_name == "keras" else "best.h5"
-callbacks = [
-    keras.callbacks.ModelCheckpoint(os.path.join(out, weights), save_weights_only=True),
-    keras.callbacks.ModelCheckpoint(os.path.join(out, best), monitor="val_loss", save_best_only=True),
-    keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
-    keras.callbacks.TensorBoard(os.path.join(out, "tb")),
-]
-tfdist.fit(build, (x, y), epochs=3, batch_size=32, seed=1, verbose=0, validation_data=(x, y), callbacks=callbacks)
-paths = [str(getattr(cb, a)) for cb, a in zip(callbacks, ("filepath", "filepath", "filename", "log_dir"))]
-print("PATHS " + json.dumps(paths))
-'''
-
-
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("keras", ["keras", "tf_keras"])
-def test_the_chief_alone_writes_the_files_of_the_users_callbacks(procs, tmp_path, keras):
+def test_the_chief_alone_writes_the_files_of_the_users_callbacks(after_fit, keras):
     # Every worker runs the callbacks; Keras 3's ModelCheckpoint, TensorBoard and both Kerases'
     # CSVLogger know nothing of workers: two writers of one HDF5 file fail the job (a file lock),
     # of one .keras file corrupt it, and a CSV file gets every row twice.
     import csv
     import os
 
-    out = tmp_path / "out"
-    out.mkdir()
-    printed = procs.launch_script(tmp_path / "callbacks.py", CALLBACK_FILES_SCRIPT, out, keras, cluster=SYNC_CLUSTER)
+    job, printed = after_fit
+    out = job / f"callback_files-{keras}"
     keras_module = __import__(keras)
     suffix = ".weights.h5" if keras == "keras" else ".h5"
     assert sorted(os.listdir(out)) == sorted(["best" + (".keras" if keras == "keras" else ".h5"), "log.csv", "tb",
@@ -274,35 +316,15 @@ def test_the_chief_alone_writes_the_files_of_the_users_callbacks(procs, tmp_path
     assert [row[0] for row in rows] == ["epoch", "0", "1", "2"]
     assert len(glob.glob(str(out / "tb" / "train" / "events.out.tfevents.*"))) == 1
     # Each worker's callbacks name the user's paths again after fit; worker 1's scratch files are gone.
-    paths = [json.loads(line.split("PATHS ", 1)[1]) for line in printed.splitlines() if "PATHS " in line]
+    paths = [json.loads(line.split(f"PATHS {keras} ", 1)[1]) for line in printed.splitlines() if f"PATHS {keras} " in line]
     assert len(paths) == 2 and paths[0] == paths[1] and all(p.startswith(str(out)) for p in paths[0])
 
 
-XLA_SCRIPT = '''
-import logging, sys
-import tfdist
-from tfdist.data import load_digits
-
-train, _ = load_digits()
-for name in ("keras", "tf_keras"):
-    keras = __import__(name)
-
-    def build():
-        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
-        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      jit_compile=True)
-        return model
-
-    history = tfdist.fit(build, (train.x, train.y), epochs=1, steps_per_epoch=3, batch_size=32, seed=0, verbose=0)
-    print("TRAINED", name, history.tfdist.strategy, history.tfdist.global_step, flush=True)
-'''
-
-
-@pytest.mark.timeout(300)
-def test_jit_compile_on_cpu_workers_trains_without_xla_and_says_so(procs, tmp_path):
+@pytest.mark.timeout(600)
+def test_jit_compile_on_cpu_workers_trains_without_xla_and_says_so(after_fit):
     # XLA compiles NCCL's collectives only: every worker failed its first step ("Only compiling NCCL/auto collective
     # is supported, got: ring"), after Keras 3's loop had logged that the steps were compiled with XLA.
-    out = procs.launch_script(tmp_path / "xla.py", XLA_SCRIPT, cluster=SYNC_CLUSTER)
+    _, out = after_fit
     for name in ("keras", "tf_keras"):
         assert out.count(f"TRAINED {name} multi_worker_mirrored 3") == 2, out[-4000:]
     assert out.count("jit_compile=True is not applied under multi_worker_mirrored with the ring all-reduce") == 4

@@ -69,9 +69,10 @@ def test_serving_tasks_stop_by_themselves_when_the_chief_has_finished_the_run(pr
 
 
 # One launched job of a chief, two workers and a ps runs the fits of the tests below in turn, each
-# with its own checkpoint directory: the ps and the workers serve every fit of the chief until it
-# ends, so one job starts 4 TensorFlow processes where three would start 12.
-# argv: the job's directory, the image folder. Each part prints "PART <part>" on the chief before it starts.
+# with its own checkpoint directory, then tests/test_keras3.py's program on parameter servers. The ps
+# and the workers serve every fit of the chief until it ends: one job starts 4 TensorFlow processes
+# where four would start 16. argv: the job's directory, the image folder. Each part prints
+# "PART <part>" on the chief before it starts.
 PS_JOB_SCRIPT = """
 import json, os, sys
 import numpy as np
@@ -130,27 +131,45 @@ def image_files(out_dir):
                "loss": history.history["loss"], "val_loss": history.history["val_loss"]}, open(out_dir + ".json", "w"))
 
 
+def keras3_loop(out_dir):
+    import test_keras3
+
+    result = test_keras3.program_parameter_server()
+    if result is not None:
+        json.dump(result, open(out_dir + ".json", "w"))
+
+
 for part, run in (("weighted 3", lambda out_dir: weighted("3", out_dir)),
-                  ("weighted 2", lambda out_dir: weighted("2", out_dir)), ("images", image_files)):
+                  ("weighted 2", lambda out_dir: weighted("2", out_dir)), ("images", image_files),
+                  ("keras3 loop", keras3_loop)):
     print(f"PART {part}", flush=True)
     run(os.path.join(job, part.replace(" ", "-")))
 """
 
 
-@pytest.fixture(scope="module")
-def ps_job(tmp_path_factory):
-    """The job of PS_JOB_SCRIPT: its directory and the launch's output."""
+def ps_job_run(reference_runs):
+    """The job of PS_JOB_SCRIPT, made once for this file and tests/test_keras3.py: its directory and
+    the launch's output."""
     from test_data_images import write_images
 
     from conftest import Processes
 
-    job = tmp_path_factory.mktemp("ps-job")
-    folder = write_images(str(job / "images"))
-    environ = base_env(PYTHONPATH=os.path.dirname(os.path.dirname(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
-    with Processes() as procs:
-        out = procs.launch_script(job / "job.py", PS_JOB_SCRIPT, job, folder, cluster=PS_CLUSTER, env=environ,
-                                  timeout=540)
-    return job, out
+    def make(job):
+        folder = write_images(str(job / "images"))
+        tests = os.path.dirname(os.path.dirname(__file__))
+        environ = base_env(PYTHONPATH=tests + os.pathsep + base_env()["PYTHONPATH"])
+        with Processes() as procs:
+            out = procs.launch_script(job / "job.py", PS_JOB_SCRIPT, job, folder, cluster=PS_CLUSTER, env=environ,
+                                      timeout=540)
+        (job / "out.txt").write_text(out)
+
+    job = reference_runs(["tests/multiprocess/test_parameter_server.py", PS_JOB_SCRIPT], make)
+    return job, (job / "out.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def ps_job(reference_runs):
+    return ps_job_run(reference_runs)
 
 
 def _part(out: str, task: str, part: str) -> str:

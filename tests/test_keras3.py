@@ -3,8 +3,9 @@
 Each scenario runs in fresh processes (logical CPU devices must be split before TensorFlow
 starts; multi-worker clusters are real local processes): this file is also the program they
 run (``python tests/test_keras3.py SCENARIO ...``), which prints one JSON line of results
-that the test asserts on. The parameter-server program runs as the last part of the job of
-tests/multiprocess/test_parameter_server.py, which starts that cluster once for both files.
+that the test asserts on. The multi-worker and parameter-server programs run as the last
+parts of the jobs of tests/multiprocess/test_multi_worker.py and test_parameter_server.py,
+which start each cluster once for both files.
 """
 
 from __future__ import annotations
@@ -536,21 +537,15 @@ def test_resume_mid_epoch_in_a_fresh_process_is_bit_identical(procs, tmp_path):
         assert second[name]["history"] == {k: v[1:] for k, v in first[name].items()}, name
 
 
-@pytest.mark.timeout(300)
-def test_multi_worker_mirrored_two_processes_match_one_device(procs):
-    from conftest import base_env, free_port
+@pytest.mark.timeout(600)
+def test_multi_worker_mirrored_two_processes_match_one_device(reference_runs):
+    # Each worker runs the program in the last part of the two-worker job of
+    # tests/multiprocess/test_multi_worker.py, after that job's fits.
+    from conftest import read_json
+    from multiprocess.test_multi_worker import after_fit_run
 
-    ports = [free_port(), free_port()]
-    started = []
-    for index in range(2):
-        config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
-        started.append(procs.start([sys.executable, os.path.abspath(__file__), "multi_worker"],
-                                   env=base_env(TF_CONFIG=json.dumps(config))))
-    results = []
-    for proc in started:
-        out, _ = proc.communicate(timeout=240)
-        assert proc.returncode == 0, out[-4000:]
-        results.append(json.loads([line for line in out.splitlines() if line.startswith("RESULT ")][-1][7:]))
+    job, _ = after_fit_run(reference_runs)
+    results = [read_json(job / "keras3_loop-keras" / f"worker{index}.json") for index in range(2)]
     assert results[0]["history"] == results[1]["history"]  # every worker sees the same logs
     for result in results:
         assert result["replicas"] == 2 and result["weights_diff"] < TOLERANCE
@@ -638,8 +633,7 @@ def test_refusals_name_the_input_and_the_fix():
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     scenario, args = sys.argv[1], sys.argv[2:]
-    programs = {"one_device": program_one_device, "replicas": program_replicas, "resume": program_resume,
-                "multi_worker": program_multi_worker}
+    programs = {"one_device": program_one_device, "replicas": program_replicas, "resume": program_resume}
     result = programs[scenario](*args)
     if result is not None:
         print("RESULT " + json.dumps(result), flush=True)

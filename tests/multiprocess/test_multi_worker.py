@@ -178,8 +178,9 @@ def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp
 
 
 # One launched job of two workers runs the fits of the three tests below in turn, each in its own
-# directory: every worker start costs ~7 s of CPU in imports, so five jobs would spend 8 more.
-# argv: the job's directory. Each part prints "PART <part> <keras>" on every worker before it starts.
+# directory, then tests/test_keras3.py's program on two workers: every worker start costs ~7 s of
+# CPU in imports, and six jobs would start 10 more. argv: the job's directory. Each part prints
+# "PART <part> <keras>" on every worker before it starts.
 AFTER_FIT_SCRIPT = """
 import glob, json, os, sys
 import numpy as np
@@ -240,8 +241,15 @@ def xla(keras_name, out):
     print("TRAINED", keras_name, history.tfdist.strategy, history.tfdist.global_step, flush=True)
 
 
-for part in (evaluate, callback_files, xla):
-    for keras_name in ("keras", "tf_keras"):
+def keras3_loop(keras_name, out):
+    import test_keras3
+
+    json.dump(test_keras3.program_multi_worker(), open(f"{out}/worker{task}.json", "w"))
+
+
+for part, kerases in ((evaluate, ("keras", "tf_keras")), (callback_files, ("keras", "tf_keras")),
+                      (xla, ("keras", "tf_keras")), (keras3_loop, ("keras",))):
+    for keras_name in kerases:
         out = os.path.join(job, f"{part.__name__}-{keras_name}")
         os.makedirs(out, exist_ok=True)
         print(f"PART {part.__name__} {keras_name}", flush=True)
@@ -249,16 +257,26 @@ for part in (evaluate, callback_files, xla):
 """
 
 
-@pytest.fixture(scope="module")
-def after_fit(tmp_path_factory):
-    """The job of AFTER_FIT_SCRIPT: its directory and the launch's output."""
+def after_fit_run(reference_runs):
+    """The job of AFTER_FIT_SCRIPT, made once for this file and tests/test_keras3.py: its directory
+    and the launch's output."""
     import os
 
-    job = tmp_path_factory.mktemp("after-fit")
-    environ = base_env(PYTHONPATH=os.path.dirname(os.path.dirname(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
-    with Processes() as procs:
-        out = procs.launch_script(job / "job.py", AFTER_FIT_SCRIPT, job, cluster=SYNC_CLUSTER, env=environ, timeout=540)
-    return job, out
+    def make(job):
+        tests = os.path.dirname(os.path.dirname(__file__))
+        environ = base_env(PYTHONPATH=tests + os.pathsep + base_env()["PYTHONPATH"])
+        with Processes() as procs:
+            out = procs.launch_script(job / "job.py", AFTER_FIT_SCRIPT, job, cluster=SYNC_CLUSTER, env=environ,
+                                      timeout=540)
+        (job / "out.txt").write_text(out)
+
+    job = reference_runs(["tests/multiprocess/test_multi_worker.py", AFTER_FIT_SCRIPT], make)
+    return job, (job / "out.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def after_fit(reference_runs):
+    return after_fit_run(reference_runs)
 
 
 def _part(out: str, task: str, part: str) -> str:

@@ -174,9 +174,9 @@ def test_gradient_accumulation_matches_the_large_batch_on_two_workers(two_worker
     # digits as the run's last validation did (each worker's replica evaluating half of them).
     result = read_json(job / "scores.json")
     assert result["examples"] == 359 and result["accuracy"] == acc["val_accuracy"]
-    assert "strategy multi_worker_mirrored, 2 replica(s)" in _part(out, "worker:0", "tfdist evaluate")
+    assert "strategy multi_worker_mirrored, 2 replica(s)" in part_lines(out, "worker:0", "tfdist evaluate")
     # tfdist predict: each worker's replica predicts half; the chief writes all, in order.
-    assert "strategy multi_worker_mirrored, 2 replica(s)" in _part(out, "worker:0", "tfdist predict")
+    assert "strategy multi_worker_mirrored, 2 replica(s)" in part_lines(out, "worker:0", "tfdist predict")
     from tfdist.data import load_digits
 
     np.testing.assert_allclose(np.load(job / "predicted.npy"), loaded.predict(load_digits()[1].x, verbose=0),
@@ -294,8 +294,9 @@ def two_workers_job(reference_runs):
     return two_workers_job_run(reference_runs)
 
 
-def _part(out: str, task: str, part: str) -> str:
-    """The lines that ``task`` printed to stdout while it ran ``part`` ("evaluate keras") of the job."""
+def part_lines(out: str, task: str, part: str) -> str:
+    """The lines that ``task`` printed to stdout while it ran ``part`` ("evaluate keras") of a job
+    whose tasks print "PART <part>" before each part."""
     lines, current = [], None
     for line in out.splitlines():
         if line.startswith(f"[{task}] PART "):
@@ -323,8 +324,8 @@ def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_who
     assert first["other_batch"]["accuracy"] == first["last"]["accuracy"]
     assert first["other_batch"]["loss"] == pytest.approx(first["last"]["loss"], rel=1e-6)
     # Progress shows on the chief only: 6 steps, as each replica evaluates 180 (or 179) of 359 examples, 32 at a time.
-    assert "[worker:0] 6/6 - " in _part(out, "worker:0", f"evaluate {keras}")
-    assert "[worker:1] 6/6" not in _part(out, "worker:1", f"evaluate {keras}")
+    assert "[worker:0] 6/6 - " in part_lines(out, "worker:0", f"evaluate {keras}")
+    assert "[worker:1] 6/6" not in part_lines(out, "worker:1", f"evaluate {keras}")
 
 
 @pytest.mark.timeout(600)

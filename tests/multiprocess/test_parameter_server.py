@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import base_env, read_json
+from multiprocess.test_multi_worker import part_lines
 
 TRAIN = ["train", "--model", "cnn", "--epochs", "2", "--steps-per-epoch", "10", "--batch-size", "32", "--seed", "0",
          "--save-every-steps", "5", "--verbose", "0"]
@@ -172,17 +173,6 @@ def ps_job(reference_runs):
     return ps_job_run(reference_runs)
 
 
-def _part(out: str, task: str, part: str) -> str:
-    """The lines that ``task`` printed to stdout while it ran ``part`` ("weighted 3") of the job."""
-    lines, current = [], None
-    for line in out.splitlines():
-        if line.startswith(f"[{task}] PART "):
-            current = line.split(" PART ", 1)[1].strip()
-        elif line.startswith(f"[{task}] ") and current == part:
-            lines.append(line)
-    return "\n".join(lines)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("keras", ["3", "2"])
 def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_workers(ps_job, keras):
@@ -197,7 +187,8 @@ def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_w
     assert not bias1.any() and not bias2.any()
     assert result["evaluated"]["loss"] == pytest.approx(result["plain"], rel=1e-6) and result["plain"] > 0
     np.testing.assert_allclose(result["predicted"], result["plain_predicted"], atol=1e-6)  # all 256, in order
-    assert "[chief:0] 13/13 - " in _part(out, "chief:0", f"weighted {keras}")  # its progress: 101 examples, 8 at a time
+    # The chief's progress: 101 examples, 8 at a time.
+    assert "[chief:0] 13/13 - " in part_lines(out, "chief:0", f"weighted {keras}")
 
 
 @pytest.mark.timeout(600)

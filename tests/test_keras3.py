@@ -3,7 +3,9 @@
 Each scenario runs in fresh processes (logical CPU devices must be split before TensorFlow
 starts; multi-worker clusters are real local processes): this file is also the program they
 run (``python tests/test_keras3.py SCENARIO ...``), which prints one JSON line of results
-that the test asserts on.
+that the test asserts on. The multi-worker and parameter-server programs run as the last
+parts of the jobs of tests/multiprocess/test_multi_worker.py and test_parameter_server.py,
+which start each cluster once for both files.
 """
 
 from __future__ import annotations
@@ -535,21 +537,15 @@ def test_resume_mid_epoch_in_a_fresh_process_is_bit_identical(procs, tmp_path):
         assert second[name]["history"] == {k: v[1:] for k, v in first[name].items()}, name
 
 
-@pytest.mark.timeout(300)
-def test_multi_worker_mirrored_two_processes_match_one_device(procs):
-    from conftest import base_env, free_port
+@pytest.mark.timeout(600)
+def test_multi_worker_mirrored_two_processes_match_one_device(reference_runs):
+    # Each worker runs the program in the last part of the two-worker job of
+    # tests/multiprocess/test_multi_worker.py, after that job's fits.
+    from conftest import read_json
+    from multiprocess.test_multi_worker import two_workers_job_run
 
-    ports = [free_port(), free_port()]
-    started = []
-    for index in range(2):
-        config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
-        started.append(procs.start([sys.executable, os.path.abspath(__file__), "multi_worker"],
-                                   env=base_env(TF_CONFIG=json.dumps(config))))
-    results = []
-    for proc in started:
-        out, _ = proc.communicate(timeout=240)
-        assert proc.returncode == 0, out[-4000:]
-        results.append(json.loads([line for line in out.splitlines() if line.startswith("RESULT ")][-1][7:]))
+    job, _ = two_workers_job_run(reference_runs)
+    results = [read_json(job / "keras3_loop-keras" / f"worker{index}.json") for index in range(2)]
     assert results[0]["history"] == results[1]["history"]  # every worker sees the same logs
     for result in results:
         assert result["replicas"] == 2 and result["weights_diff"] < TOLERANCE
@@ -557,19 +553,15 @@ def test_multi_worker_mirrored_two_processes_match_one_device(procs):
             np.testing.assert_allclose(result["history"][key], values, atol=TOLERANCE, err_msg=key)
 
 
-@pytest.mark.timeout(300)
-def test_parameter_server_chief_two_workers_one_ps_trains(procs):
-    from conftest import base_env, free_port
+@pytest.mark.timeout(600)
+def test_parameter_server_chief_two_workers_one_ps_trains(reference_runs):
+    # The chief runs the program in the last part of the parameter-server job of
+    # tests/multiprocess/test_parameter_server.py, after that job's fits.
+    from conftest import read_json
+    from multiprocess.test_parameter_server import ps_job_run
 
-    jobs = {"chief": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)],
-            "ps": [f"127.0.0.1:{free_port()}"]}
-
-    def env(role, index):
-        return base_env(TF_CONFIG=json.dumps({"cluster": jobs, "task": {"type": role, "index": index}}))
-
-    for role, index in (("worker", 0), ("worker", 1), ("ps", 0)):
-        procs.start([sys.executable, os.path.abspath(__file__), "parameter_server"], env=env(role, index))
-    out = _run(procs, "parameter_server", env=env("chief", 0))
+    job, _ = ps_job_run(reference_runs)
+    out = read_json(job / "keras3-loop.json")
     loss = out["history"]["loss"]
     assert loss[-1] < loss[0] and len(out["history"]["val_loss"]) == 4
     # Atomic increments: no update of the iteration count or the metric counts is lost to a race.
@@ -641,8 +633,7 @@ def test_refusals_name_the_input_and_the_fix():
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     scenario, args = sys.argv[1], sys.argv[2:]
-    programs = {"one_device": program_one_device, "replicas": program_replicas, "resume": program_resume,
-                "multi_worker": program_multi_worker, "parameter_server": program_parameter_server}
+    programs = {"one_device": program_one_device, "replicas": program_replicas, "resume": program_resume}
     result = programs[scenario](*args)
     if result is not None:
         print("RESULT " + json.dumps(result), flush=True)

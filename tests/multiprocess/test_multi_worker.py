@@ -7,13 +7,14 @@ resume must give back to it."""
 import glob
 import json
 import re
+import shutil
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors, free_port, read_json
+from conftest import Processes, assert_bit_identical, base_env, checkpoint_tensors, free_port, read_json
 
 TRAIN = ["train", "--model", "resnet", "--epochs", "3", "--steps-per-epoch", "8", "--per-replica-batch-size", "16",
          "--seed", "1", "--deterministic", "--save-every-steps", "4", "--verbose", "0"]
@@ -30,10 +31,11 @@ def _launch(procs, out_dir, *train_args, workers=2, fault=None, restarts=2, time
 
 
 @pytest.mark.timeout(900)
-def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(procs, tmp_path):
+def test_two_workers_train_and_a_killed_worker_is_recovered_bit_identically(procs, tmp_path, two_workers_job):
+    # The uninterrupted run: the shared job's (COMMANDS["reference"]), copied, as a run below trains on from it.
+    job, _ = two_workers_job
     reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    code, out = _launch(procs, reference)
-    assert code == 0, out[-4000:]
+    shutil.copytree(job / "reference", reference)
     summary = read_json(reference / "summary.json")
     assert summary["strategy"] == "multi_worker_mirrored" and summary["num_replicas"] == 2
     assert summary["all_reduce"] == "ring"  # auto on CPUs
@@ -130,18 +132,30 @@ def test_a_peer_that_dies_mid_run_ends_the_survivor_without_a_launcher(procs, tm
 
 
 # Keras 3 only: tf_keras accumulates in its own train_step under every strategy, which mirrored and
-# central_storage check (test_fit.py), and tf_keras evaluates on two workers in the test after this one.
+# central_storage check (test_fit.py), and tf_keras evaluates on two workers in the tests below.
+ACCUMULATION = [*TRAIN, "--model", "linear", "--keras", "3", "--epochs", "1", "--steps-per-epoch", "6",
+                "--save-every-steps", "100"]
+# The tfdist commands of that test and another, which every worker of the job below runs in turn
+# ({job}: its directory).
+COMMANDS = {
+    "big": [*ACCUMULATION, "--per-replica-batch-size", "16", "--output-dir", "{job}/big",
+            "--summary-json", "{job}/big/summary.json"],
+    "acc": [*ACCUMULATION, "--per-replica-batch-size", "8", "--grad-accum-steps", "2", "--output-dir", "{job}/acc",
+            "--summary-json", "{job}/acc/summary.json"],
+    "evaluate": ["evaluate", "{job}/acc/model.keras", "--json", "{job}/scores.json"],
+    "predict": ["predict", "{job}/acc/model.keras", "--output", "{job}/predicted.npy"],
+    # The uninterrupted run of the first test of this file.
+    "reference": [*TRAIN, "--output-dir", "{job}/reference", "--summary-json", "{job}/reference/summary.json"],
+}
+
+
 @pytest.mark.timeout(600)
-def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp_path):
-    common = ["--model", "linear", "--keras", "3", "--epochs", "1", "--steps-per-epoch", "6", "--save-every-steps", "100"]
-    code, out = _launch(procs, tmp_path / "big", *common, "--per-replica-batch-size", "16")
-    assert code == 0, out[-4000:]
-    code, out = _launch(procs, tmp_path / "acc", *common, "--per-replica-batch-size", "8", "--grad-accum-steps", "2")
-    assert code == 0, out[-4000:]
-    big, acc = read_json(tmp_path / "big" / "summary.json"), read_json(tmp_path / "acc" / "summary.json")
+def test_gradient_accumulation_matches_the_large_batch_on_two_workers(two_workers_job):
+    job, out = two_workers_job
+    big, acc = read_json(job / "big" / "summary.json"), read_json(job / "acc" / "summary.json")
     assert big["global_batch_size"] == acc["global_batch_size"] == 32 and acc["micro_batch_size"] == 8
-    a = checkpoint_tensors(str(tmp_path / "big" / "checkpoints"))
-    b = checkpoint_tensors(str(tmp_path / "acc" / "checkpoints"))
+    a = checkpoint_tensors(str(job / "big" / "checkpoints"))
+    b = checkpoint_tensors(str(job / "acc" / "checkpoints"))
     # Keras 3 checkpoints keep the weights under the optimizer's _trainable_variables
     model_keys = [k for k in a if "/_trainable_variables/" in k]
     assert len(model_keys) >= 2, sorted(a)
@@ -153,61 +167,152 @@ def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp
     # loads and holds the checkpoint's weights.
     import keras
 
-    loaded = keras.models.load_model(tmp_path / "acc" / "model.keras")
+    loaded = keras.models.load_model(job / "acc" / "model.keras")
     kernel = next(b[k] for k in model_keys if b[k].ndim == 2)
     assert any(np.array_equal(w, kernel) for w in loaded.get_weights())
     # tfdist evaluate on both workers loads that file in their strategy's scope and scores the held-out
     # digits as the run's last validation did (each worker's replica evaluating half of them).
-    scores = tmp_path / "scores.json"
-    code, out = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, "-m", "tfdist",
-                             "evaluate", str(tmp_path / "acc" / "model.keras"), "--json", str(scores),
-                             timeout=240, env=base_env())
-    assert code == 0, out[-4000:]
-    result = read_json(scores)
+    result = read_json(job / "scores.json")
     assert result["examples"] == 359 and result["accuracy"] == acc["val_accuracy"]
-    assert "strategy multi_worker_mirrored, 2 replica(s)" in out
+    assert "strategy multi_worker_mirrored, 2 replica(s)" in part_lines(out, "worker:0", "tfdist evaluate")
     # tfdist predict: each worker's replica predicts half; the chief writes all, in order.
-    code, out = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, "-m",
-                             "tfdist", "predict", str(tmp_path / "acc" / "model.keras"), "--output",
-                             str(tmp_path / "predicted.npy"), timeout=240, env=base_env())
-    assert code == 0 and "strategy multi_worker_mirrored, 2 replica(s)" in out, out[-4000:]
+    assert "strategy multi_worker_mirrored, 2 replica(s)" in part_lines(out, "worker:0", "tfdist predict")
     from tfdist.data import load_digits
 
-    np.testing.assert_allclose(np.load(tmp_path / "predicted.npy"), loaded.predict(load_digits()[1].x, verbose=0),
+    np.testing.assert_allclose(np.load(job / "predicted.npy"), loaded.predict(load_digits()[1].x, verbose=0),
                                rtol=1e-5, atol=1e-6)
 
 
-EVALUATE_SCRIPT = '''
+# One launched job of two workers runs the fits of the three tests below in turn, each in its own
+# directory, then tests/test_keras3.py's program on two workers, then COMMANDS: every worker start
+# costs ~7 s of CPU in imports, and eleven jobs would start 20 more. argv: the job's directory, COMMANDS
+# as JSON. Each part prints "PART <part> <keras>" (a command: "PART tfdist <name>") on every worker
+# before it starts.
+TWO_WORKERS_JOB_SCRIPT = """
 import json, os, sys
+import numpy as np
 import tfdist
 from tfdist.data import load_digits
 from test_evaluation import _builder
 
+job = sys.argv[1]
 train, val = load_digits()
-history = tfdist.fit(_builder(sys.argv[2]), (train.x, train.y), validation_data=(val.x, val.y), epochs=2, batch_size=64,
-                     seed=0, verbose=0)
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-predicted = tfdist.predict(history.model, val.x, batch_size=64, verbose=0)
-json.dump({"strategy": history.tfdist.strategy,
-           "predicted": predicted.tolist(), "labels": val.y.tolist(),
-           "last": {key: history.history["val_" + key][-1] for key in ("loss", "accuracy")},
-           "same_batch": tfdist.evaluate(history.model, val.x, val.y, batch_size=64),
-           "other_batch": tfdist.evaluate(history.model, (val.x, val.y), per_replica_batch_size=9, verbose=0)},
-          open(f"{sys.argv[1]}/worker{task}.json", "w"))
-'''
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("keras", ["keras", "tf_keras"])
-def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_whole_sets_results(procs, tmp_path, keras):
-    # Keras 3's own model.evaluate fails here (a PerReplica value it cannot convert); tfdist.evaluate
-    # runs fit's validation on its own: each worker's replica reads half of the examples.
+def evaluate(keras_name, out):
+    history = tfdist.fit(_builder(keras_name), (train.x, train.y), validation_data=(val.x, val.y), epochs=2,
+                         batch_size=64, seed=0, verbose=0)
+    predicted = tfdist.predict(history.model, val.x, batch_size=64, verbose=0)
+    json.dump({"strategy": history.tfdist.strategy,
+               "predicted": predicted.tolist(), "labels": val.y.tolist(),
+               "last": {key: history.history["val_" + key][-1] for key in ("loss", "accuracy")},
+               "same_batch": tfdist.evaluate(history.model, val.x, val.y, batch_size=64),
+               "other_batch": tfdist.evaluate(history.model, (val.x, val.y), per_replica_batch_size=9, verbose=0)},
+              open(f"{out}/worker{task}.json", "w"))
+
+
+def callback_files(keras_name, out):
+    keras = __import__(keras_name)
+    x = np.random.default_rng(0).random((128, 8)).astype("float32")
+    y = (x.sum(axis=1) > 4).astype("int32")
+
+    def build():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    weights = "w-{epoch:02d}.weights.h5" if keras_name == "keras" else "w-{epoch:02d}.h5"
+    best = "best.keras" if keras_name == "keras" else "best.h5"
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(os.path.join(out, weights), save_weights_only=True),
+        keras.callbacks.ModelCheckpoint(os.path.join(out, best), monitor="val_loss", save_best_only=True),
+        keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
+        keras.callbacks.TensorBoard(os.path.join(out, "tb")),
+    ]
+    tfdist.fit(build, (x, y), epochs=3, batch_size=32, seed=1, verbose=0, validation_data=(x, y), callbacks=callbacks)
+    paths = [str(getattr(cb, a)) for cb, a in zip(callbacks, ("filepath", "filepath", "filename", "log_dir"))]
+    print(f"PATHS {keras_name} " + json.dumps(paths), flush=True)
+
+
+def xla(keras_name, out):
+    keras = __import__(keras_name)
+
+    def build():
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=True)
+        return model
+
+    history = tfdist.fit(build, (train.x, train.y), epochs=1, steps_per_epoch=3, batch_size=32, seed=0, verbose=0)
+    print("TRAINED", keras_name, history.tfdist.strategy, history.tfdist.global_step, flush=True)
+
+
+def keras3_loop(keras_name, out):
+    import test_keras3
+
+    json.dump(test_keras3.program_multi_worker(), open(f"{out}/worker{task}.json", "w"))
+
+
+for part, kerases in ((evaluate, ("keras", "tf_keras")), (callback_files, ("keras", "tf_keras")),
+                      (xla, ("keras", "tf_keras")), (keras3_loop, ("keras",))):
+    for keras_name in kerases:
+        out = os.path.join(job, f"{part.__name__}-{keras_name}")
+        os.makedirs(out, exist_ok=True)
+        print(f"PART {part.__name__} {keras_name}", flush=True)
+        part(keras_name, out)
+
+from tfdist.cli import main
+
+for name, argv in json.loads(sys.argv[2]).items():
+    print(f"PART tfdist {name}", flush=True)
+    code = main([arg.replace("{job}", job) for arg in argv])
+    assert code == 0, f"tfdist {name} exited with {code}"
+"""
+
+
+def two_workers_job_run(reference_runs):
+    """The job of TWO_WORKERS_JOB_SCRIPT, made once for this file and tests/test_keras3.py: its directory
+    and the launch's output."""
     import os
 
-    environ = base_env(PYTHONPATH=os.path.dirname(os.path.dirname(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
-    out = procs.launch_script(tmp_path / "evaluate.py", EVALUATE_SCRIPT, tmp_path, keras, cluster=SYNC_CLUSTER,
-                              env=environ)
-    first, second = read_json(tmp_path / "worker0.json"), read_json(tmp_path / "worker1.json")
+    def make(job):
+        tests = os.path.dirname(os.path.dirname(__file__))
+        environ = base_env(PYTHONPATH=tests + os.pathsep + base_env()["PYTHONPATH"])
+        with Processes() as procs:
+            out = procs.launch_script(job / "job.py", TWO_WORKERS_JOB_SCRIPT, job, json.dumps(COMMANDS),
+                                      cluster=SYNC_CLUSTER, env=environ, timeout=540)
+        (job / "out.txt").write_text(out)
+
+    key = ["tests/multiprocess/test_multi_worker.py", TWO_WORKERS_JOB_SCRIPT, json.dumps(COMMANDS)]
+    job = reference_runs(key, make)
+    return job, (job / "out.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def two_workers_job(reference_runs):
+    return two_workers_job_run(reference_runs)
+
+
+def part_lines(out: str, task: str, part: str) -> str:
+    """The lines that ``task`` printed to stdout while it ran ``part`` ("evaluate keras") of a job
+    whose tasks print "PART <part>" before each part."""
+    lines, current = [], None
+    for line in out.splitlines():
+        if line.startswith(f"[{task}] PART "):
+            current = line.split(" PART ", 1)[1].strip()
+        elif line.startswith(f"[{task}] ") and current == part:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("keras", ["keras", "tf_keras"])
+def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_whole_sets_results(two_workers_job, keras):
+    # Keras 3's own model.evaluate fails here (a PerReplica value it cannot convert); tfdist.evaluate
+    # runs fit's validation on its own: each worker's replica reads half of the examples.
+    job, out = two_workers_job
+    first, second = (read_json(job / f"evaluate-{keras}" / f"worker{index}.json") for index in range(2))
     assert first == second
     assert first["strategy"] == "multi_worker_mirrored"
     assert first["same_batch"] == first["last"]
@@ -219,50 +324,21 @@ def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_who
     assert first["other_batch"]["accuracy"] == first["last"]["accuracy"]
     assert first["other_batch"]["loss"] == pytest.approx(first["last"]["loss"], rel=1e-6)
     # Progress shows on the chief only: 6 steps, as each replica evaluates 180 (or 179) of 359 examples, 32 at a time.
-    assert "[worker:0] 6/6 - " in out and "[worker:1] 6/6" not in out
+    assert "[worker:0] 6/6 - " in part_lines(out, "worker:0", f"evaluate {keras}")
+    assert "[worker:1] 6/6" not in part_lines(out, "worker:1", f"evaluate {keras}")
 
 
-CALLBACK_FILES_SCRIPT = '''
-import glob, json, os, sys
-import numpy as np
-import tfdist
-
-out, keras_name = sys.argv[1], sys.argv[2]
-keras = __import__(keras_name)
-x = np.random.default_rng(0).random((128, 8)).astype("float32")
-y = (x.sum(axis=1) > 4).astype("int32")
-
-def build():
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
-    model.compile(keras.optimizers.SGD(0.05), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-weights = "w-{epoch:02d}.weights.h5" if keras_name == "keras" else "w-{epoch:02d}.h5"
-best = "best.keras" if keras_name == "keras" else "best.h5"
-callbacks = [
-    keras.callbacks.ModelCheckpoint(os.path.join(out, weights), save_weights_only=True),
-    keras.callbacks.ModelCheckpoint(os.path.join(out, best), monitor="val_loss", save_best_only=True),
-    keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
-    keras.callbacks.TensorBoard(os.path.join(out, "tb")),
-]
-tfdist.fit(build, (x, y), epochs=3, batch_size=32, seed=1, verbose=0, validation_data=(x, y), callbacks=callbacks)
-paths = [str(getattr(cb, a)) for cb, a in zip(callbacks, ("filepath", "filepath", "filename", "log_dir"))]
-print("PATHS " + json.dumps(paths))
-'''
-
-
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("keras", ["keras", "tf_keras"])
-def test_the_chief_alone_writes_the_files_of_the_users_callbacks(procs, tmp_path, keras):
+def test_the_chief_alone_writes_the_files_of_the_users_callbacks(two_workers_job, keras):
     # Every worker runs the callbacks; Keras 3's ModelCheckpoint, TensorBoard and both Kerases'
     # CSVLogger know nothing of workers: two writers of one HDF5 file fail the job (a file lock),
     # of one .keras file corrupt it, and a CSV file gets every row twice.
     import csv
     import os
 
-    out = tmp_path / "out"
-    out.mkdir()
-    printed = procs.launch_script(tmp_path / "callbacks.py", CALLBACK_FILES_SCRIPT, out, keras, cluster=SYNC_CLUSTER)
+    job, printed = two_workers_job
+    out = job / f"callback_files-{keras}"
     keras_module = __import__(keras)
     suffix = ".weights.h5" if keras == "keras" else ".h5"
     assert sorted(os.listdir(out)) == sorted(["best" + (".keras" if keras == "keras" else ".h5"), "log.csv", "tb",
@@ -274,35 +350,16 @@ def test_the_chief_alone_writes_the_files_of_the_users_callbacks(procs, tmp_path
     assert [row[0] for row in rows] == ["epoch", "0", "1", "2"]
     assert len(glob.glob(str(out / "tb" / "train" / "events.out.tfevents.*"))) == 1
     # Each worker's callbacks name the user's paths again after fit; worker 1's scratch files are gone.
-    paths = [json.loads(line.split("PATHS ", 1)[1]) for line in printed.splitlines() if "PATHS " in line]
+    paths = [json.loads(line.split(f"PATHS {keras} ", 1)[1])
+             for line in printed.splitlines() if f"PATHS {keras} " in line]
     assert len(paths) == 2 and paths[0] == paths[1] and all(p.startswith(str(out)) for p in paths[0])
 
 
-XLA_SCRIPT = '''
-import logging, sys
-import tfdist
-from tfdist.data import load_digits
-
-train, _ = load_digits()
-for name in ("keras", "tf_keras"):
-    keras = __import__(name)
-
-    def build():
-        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
-        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      jit_compile=True)
-        return model
-
-    history = tfdist.fit(build, (train.x, train.y), epochs=1, steps_per_epoch=3, batch_size=32, seed=0, verbose=0)
-    print("TRAINED", name, history.tfdist.strategy, history.tfdist.global_step, flush=True)
-'''
-
-
-@pytest.mark.timeout(300)
-def test_jit_compile_on_cpu_workers_trains_without_xla_and_says_so(procs, tmp_path):
+@pytest.mark.timeout(600)
+def test_jit_compile_on_cpu_workers_trains_without_xla_and_says_so(two_workers_job):
     # XLA compiles NCCL's collectives only: every worker failed its first step ("Only compiling NCCL/auto collective
     # is supported, got: ring"), after Keras 3's loop had logged that the steps were compiled with XLA.
-    out = procs.launch_script(tmp_path / "xla.py", XLA_SCRIPT, cluster=SYNC_CLUSTER)
+    _, out = two_workers_job
     for name in ("keras", "tf_keras"):
         assert out.count(f"TRAINED {name} multi_worker_mirrored 3") == 2, out[-4000:]
     assert out.count("jit_compile=True is not applied under multi_worker_mirrored with the ring all-reduce") == 4

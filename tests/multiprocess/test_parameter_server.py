@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import base_env, read_json
+from multiprocess.test_multi_worker import part_lines
 
 TRAIN = ["train", "--model", "cnn", "--epochs", "2", "--steps-per-epoch", "10", "--batch-size", "32", "--seed", "0",
          "--save-every-steps", "5", "--verbose", "0"]
@@ -68,56 +69,117 @@ def test_serving_tasks_stop_by_themselves_when_the_chief_has_finished_the_run(pr
             assert f"is complete and its chief stopped: {role}:0 stops serving" in out
 
 
-WEIGHTED_SCRIPT = '''
-import json, sys
+# One launched job of a chief, two workers and a ps runs the fits of the tests below in turn, each
+# with its own checkpoint directory, then tests/test_keras3.py's program on parameter servers. The ps
+# and the workers serve every fit of the chief until it ends: one job starts 4 TensorFlow processes
+# where four would start 16. argv: the job's directory, the image folder. Each part prints
+# "PART <part>" on the chief before it starts.
+PS_JOB_SCRIPT = """
+import json, os, sys
 import numpy as np
 import tfdist
-if sys.argv[2] == "2":
-    import tf_keras as keras
-else:
-    import keras
+from test_data_images import _model
 
-rng = np.random.default_rng(0)
-x = {"a": rng.normal(size=(256, 6)).astype("float32"), "b": rng.normal(size=(256, 3)).astype("float32")}
-y = (x["a"][:, 0] > 0).astype("int32")
-weight = (y == 0).astype("float32")  # 0 for class 1; class_weight gives class 0 the weight 0
-
-def build():
-    a, b = keras.Input((6,), name="a"), keras.Input((3,), name="b")
-    h = keras.layers.Concatenate()([a, b])
-    h = keras.layers.Dense(8, activation="relu", kernel_initializer=keras.initializers.Constant(0.1))(h)
-    out = keras.layers.Dense(2, kernel_initializer=keras.initializers.Constant(0.1))(h)
-    model = keras.Model({"a": a, "b": b}, out)
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-history = tfdist.fit(build, (x, y, weight), class_weight={0: 0.0}, batch_size=32, epochs=2, steps_per_epoch=4, seed=0, verbose=0,
-                     checkpoint_dir=sys.argv[1])
-weights = history.model.get_weights()
-# The chief evaluates on its own (each example once, read from the ps tasks); a copy of the
-# model outside the cluster, with the same weights, evaluates the same examples.
-evaluated = tfdist.evaluate(history.model, {"a": x["a"][:101], "b": x["b"][:101]}, y[:101], batch_size=8)
-plain = build()
-plain.set_weights(weights)
-json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
-           "loss": history.history["loss"], "weights": [w.tolist() for w in weights], "evaluated": evaluated,
-           "plain": plain.evaluate({"a": x["a"][:101], "b": x["b"][:101]}, y[:101], batch_size=101, verbose=0),
-           "predicted": tfdist.predict(history.model, x, batch_size=8, verbose=0).tolist(),
-           "plain_predicted": plain.predict(x, verbose=0).tolist()},
-          open(sys.argv[1] + ".json", "w"))
-'''
+job, images = sys.argv[1], sys.argv[2]
 
 
-@pytest.mark.timeout(300)
+def weighted(keras_version, out_dir):
+    if keras_version == "2":
+        import tf_keras as keras
+    else:
+        import keras
+
+    rng = np.random.default_rng(0)
+    x = {"a": rng.normal(size=(256, 6)).astype("float32"), "b": rng.normal(size=(256, 3)).astype("float32")}
+    y = (x["a"][:, 0] > 0).astype("int32")
+    weight = (y == 0).astype("float32")  # 0 for class 1; class_weight gives class 0 the weight 0
+
+    def build():
+        a, b = keras.Input((6,), name="a"), keras.Input((3,), name="b")
+        h = keras.layers.Concatenate()([a, b])
+        h = keras.layers.Dense(8, activation="relu", kernel_initializer=keras.initializers.Constant(0.1))(h)
+        out = keras.layers.Dense(2, kernel_initializer=keras.initializers.Constant(0.1))(h)
+        model = keras.Model({"a": a, "b": b}, out)
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    history = tfdist.fit(build, (x, y, weight), class_weight={0: 0.0}, batch_size=32, epochs=2, steps_per_epoch=4,
+                         seed=0, verbose=0, checkpoint_dir=out_dir)
+    if history is None:  # a worker or the ps: it served the chief's run
+        return
+    weights = history.model.get_weights()
+    # The chief evaluates on its own (each example once, read from the ps tasks); a copy of the
+    # model outside the cluster, with the same weights, evaluates the same examples.
+    evaluated = tfdist.evaluate(history.model, {"a": x["a"][:101], "b": x["b"][:101]}, y[:101], batch_size=8)
+    plain = build()
+    plain.set_weights(weights)
+    json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
+               "loss": history.history["loss"], "weights": [w.tolist() for w in weights], "evaluated": evaluated,
+               "plain": plain.evaluate({"a": x["a"][:101], "b": x["b"][:101]}, y[:101], batch_size=101, verbose=0),
+               "predicted": tfdist.predict(history.model, x, batch_size=8, verbose=0).tolist(),
+               "plain_predicted": plain.predict(x, verbose=0).tolist()},
+              open(out_dir + ".json", "w"))
+
+
+def image_files(out_dir):
+    source = tfdist.ImageFolderSource(images, image_size=(16, 16))
+    history = tfdist.fit(_model, source, validation_split=0.25, batch_size=8, epochs=2, steps_per_epoch=3, seed=0,
+                         verbose=0, checkpoint_dir=out_dir)
+    if history is None:
+        return
+    json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
+               "loss": history.history["loss"], "val_loss": history.history["val_loss"]}, open(out_dir + ".json", "w"))
+
+
+def keras3_loop(out_dir):
+    import test_keras3
+
+    result = test_keras3.program_parameter_server()
+    if result is not None:
+        json.dump(result, open(out_dir + ".json", "w"))
+
+
+for part, run in (("weighted 3", lambda out_dir: weighted("3", out_dir)),
+                  ("weighted 2", lambda out_dir: weighted("2", out_dir)), ("images", image_files),
+                  ("keras3 loop", keras3_loop)):
+    print(f"PART {part}", flush=True)
+    run(os.path.join(job, part.replace(" ", "-")))
+"""
+
+
+def ps_job_run(reference_runs):
+    """The job of PS_JOB_SCRIPT, made once for this file and tests/test_keras3.py: its directory and
+    the launch's output."""
+    from test_data_images import write_images
+
+    from conftest import Processes
+
+    def make(job):
+        folder = write_images(str(job / "images"))
+        tests = os.path.dirname(os.path.dirname(__file__))
+        environ = base_env(PYTHONPATH=tests + os.pathsep + base_env()["PYTHONPATH"])
+        with Processes() as procs:
+            out = procs.launch_script(job / "job.py", PS_JOB_SCRIPT, job, folder, cluster=PS_CLUSTER, env=environ,
+                                      timeout=540)
+        (job / "out.txt").write_text(out)
+
+    job = reference_runs(["tests/multiprocess/test_parameter_server.py", PS_JOB_SCRIPT], make)
+    return job, (job / "out.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def ps_job(reference_runs):
+    return ps_job_run(reference_runs)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("keras", ["3", "2"])
-def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_workers(procs, tmp_path, keras):
+def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_workers(ps_job, keras):
     # Every example weighs 0, class 0 by its class weight and class 1 by its sample weight: a dataset
     # function that dropped either would train (loss > 0, weights move).
-    out_dir = tmp_path / "ckpt"
-    out = procs.launch_script(tmp_path / "weighted.py", WEIGHTED_SCRIPT, out_dir, keras, cluster=PS_CLUSTER,
-                              env=base_env())
-    result = read_json(f"{out_dir}.json")
+    job, out = ps_job
+    result = read_json(job / f"weighted-{keras}.json")
     assert result["strategy"] == "parameter_server" and result["global_step"] == 8
     assert result["loss"] == [0.0, 0.0]
     kernel1, bias1, kernel2, bias2 = (np.asarray(w, np.float32) for w in result["weights"])
@@ -125,32 +187,14 @@ def test_two_input_data_with_sample_and_class_weights_reaches_parameter_server_w
     assert not bias1.any() and not bias2.any()
     assert result["evaluated"]["loss"] == pytest.approx(result["plain"], rel=1e-6) and result["plain"] > 0
     np.testing.assert_allclose(result["predicted"], result["plain_predicted"], atol=1e-6)  # all 256, in order
-    assert "[chief:0] 13/13 - " in out  # its progress: 101 examples, 8 at a time
+    # The chief's progress: 101 examples, 8 at a time.
+    assert "[chief:0] 13/13 - " in part_lines(out, "chief:0", f"weighted {keras}")
 
 
-IMAGES_SCRIPT = '''
-import json, sys
-import numpy as np
-import tfdist
-from test_data_images import _model
-
-source = tfdist.ImageFolderSource(sys.argv[2], image_size=(16, 16))
-history = tfdist.fit(_model, source, validation_split=0.25, batch_size=8, epochs=2, steps_per_epoch=3, seed=0,
-                     verbose=0, checkpoint_dir=sys.argv[1])
-json.dump({"strategy": history.tfdist.strategy, "global_step": history.tfdist.global_step,
-           "loss": history.history["loss"], "val_loss": history.history["val_loss"]}, open(sys.argv[1] + ".json", "w"))
-'''
-
-
-@pytest.mark.timeout(300)
-def test_image_files_are_read_and_decoded_by_parameter_server_workers(procs, tmp_path):
+@pytest.mark.timeout(600)
+def test_image_files_are_read_and_decoded_by_parameter_server_workers(ps_job):
     """The workers' pipelines read the images by path and decode them with TensorFlow ops (no Python)."""
-    from test_data_images import write_images
-
-    folder = write_images(str(tmp_path / "images"))
-    out_dir = tmp_path / "ckpt"
-    environ = base_env(PYTHONPATH=os.path.dirname(os.path.dirname(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
-    procs.launch_script(tmp_path / "images.py", IMAGES_SCRIPT, out_dir, folder, cluster=PS_CLUSTER, env=environ)
-    result = read_json(f"{out_dir}.json")
+    job, _ = ps_job
+    result = read_json(job / "images.json")
     assert result["strategy"] == "parameter_server" and result["global_step"] == 6
     assert len(result["val_loss"]) == 2 and np.isfinite(result["loss"] + result["val_loss"]).all()

@@ -2,6 +2,7 @@
 a SIGKILLed run resumes at the exact batch and ends bit-identical, a new worker count is said."""
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -9,7 +10,8 @@ import pytest
 from conftest import assert_bit_identical, base_env, checkpoint_tensors
 from test_data_user_pipeline import write_records
 
-# argv: data dir, checkpoint dir ('-' for none), form (batched | fn), epochs.
+# argv: data dir, checkpoint dir ('-' for none; each form trains in its subdirectory), forms (batched, fn or
+# batched,fn: one fit after the other), epochs.
 SCRIPT = '''
 import glob, json, os, sys
 import numpy as np
@@ -17,7 +19,7 @@ import tensorflow as tf
 import keras
 import tfdist
 
-data, ckpt, form, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+data, ckpt, forms, epochs = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
 strategy = tfdist.make_strategy()  # before any op, as multi_worker_mirrored needs (then the pipeline)
 files = sorted(glob.glob(os.path.join(data, "*.tfrecord")))
 read = tf.Variable(0, dtype=tf.int64)  # records this worker parsed
@@ -55,12 +57,14 @@ class Count(keras.callbacks.Callback):  # records read by training alone (not th
         read.assign(0)
 
 
-history = tfdist.fit(build, pipeline(32) if form == "batched" else dataset_fn, epochs=epochs, seed=1, strategy=strategy,
-                     deterministic=True, verbose=0, callbacks=[Count()], save_every_steps=5,
-                     checkpoint_dir=None if ckpt == "-" else ckpt)
-summary = history.tfdist
-print("RESULT " + json.dumps({"read": int(read.numpy()), "start": summary.start_step, "step": summary.global_step,
-                              "workers": summary.num_workers, "loss": history.history["loss"]}))
+for form in forms:
+    history = tfdist.fit(build, pipeline(32) if form == "batched" else dataset_fn, epochs=epochs, seed=1,
+                         strategy=strategy, deterministic=True, verbose=0, callbacks=[Count()], save_every_steps=5,
+                         checkpoint_dir=None if ckpt == "-" else os.path.join(ckpt, form))
+    summary = history.tfdist
+    print("RESULT " + json.dumps({"form": form, "read": int(read.numpy()), "start": summary.start_step,
+                                  "step": summary.global_step, "workers": summary.num_workers,
+                                  "loss": history.history["loss"]}), flush=True)
 '''
 
 CLUSTER = ["--workers", "2", "--max-restarts", "1"]
@@ -74,26 +78,41 @@ def records(tmp_path_factory):
     return directory
 
 
-def _results(out: str) -> list:
-    return [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+def _results(out: str, form: str) -> list:
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    return [result for result in results if result["form"] == form]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory, records):
+    """One uninterrupted job of two workers that trains both forms, one after the other: its
+    checkpoint directory (a subdirectory a form) and its output."""
+    from conftest import Processes
+
+    directory = tmp_path_factory.mktemp("reference")
+    with Processes() as procs:
+        out = procs.launch_script(directory / "train.py", SCRIPT, records, directory / "checkpoints", "batched,fn", 2,
+                                  cluster=CLUSTER, timeout=500)
+    return directory / "checkpoints", out
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("form", ["batched", "fn"])
 def test_two_workers_read_their_own_files_and_a_sigkilled_worker_resumes_bit_identically(procs, tmp_path, records,
-                                                                                           form):
+                                                                                           references, form):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     alone = {"read": 2 * 4 * 128}  # one worker alone reads every record once per epoch (measured for one form)
     if form == "batched":
         code, out = procs.run([sys.executable, str(script), str(records), "-", form, "2"], timeout=300)
         assert code == 0, out[-3000:]
-        (alone,) = _results(out)
+        (alone,) = _results(out, form)
         assert alone["workers"] == 1 and alone["step"] == 32 and alone["read"] >= 2 * 4 * 128
 
-    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    out = procs.launch_script(script, SCRIPT, records, reference, form, 2, cluster=CLUSTER, timeout=400)
-    both = _results(out)
+    # The uninterrupted run of this form: the shared job's.
+    checkpoints, out = references
+    reference, interrupted = checkpoints / form, tmp_path / "interrupted"
+    both = _results(out, form)
     assert len(both) == 2 and all(r["workers"] == 2 and r["step"] == 32 for r in both)
     assert all(r["read"] <= 0.55 * alone["read"] for r in both), (both, alone)  # each its own files
 
@@ -101,16 +120,18 @@ def test_two_workers_read_their_own_files_and_a_sigkilled_worker_resumes_bit_ide
     out = procs.launch_script(script, SCRIPT, records, interrupted, form, 2, cluster=CLUSTER, timeout=400,
                               env=base_env(TFDIST_FAULT="worker:1/kill_at_step:13"))
     assert "kill_at_step at step 13" in out and "(restart 1)" in out, out[-3000:]
-    resumed = _results(out)
+    resumed = _results(out, form)
     assert all(r["start"] == 10 for r in resumed), resumed
     # No replay: after the restore a worker reads about the 22 remaining steps' records, not the 10 before.
     assert all(r["read"] <= (22 / 32) * max(b["read"] for b in both) + 40 for r in resumed), (resumed, both)
     assert [r["loss"] for r in resumed] == [r["loss"] for r in both]
-    assert_bit_identical(checkpoint_tensors(str(reference)), checkpoint_tensors(str(interrupted)))
+    assert_bit_identical(checkpoint_tensors(str(reference)), checkpoint_tensors(str(interrupted / form)))
 
     if form == "batched":  # elastic: the 2-worker run goes on at one worker (2 more epochs), which says what differs
-        code, out = procs.run([sys.executable, str(script), str(records), str(reference), form, "3"], timeout=300)
+        shutil.copytree(reference, tmp_path / "elastic" / form)  # the shared job's directory stays as it was
+        code, out = procs.run([sys.executable, str(script), str(records), str(tmp_path / "elastic"), form, "3"],
+                              timeout=300)
         assert code == 0, out[-3000:]
-        (more,) = _results(out)
+        (more,) = _results(out, form)
         assert more["start"] == 32 and more["step"] == 48
         assert "was saved at step 32 by 2 worker(s) in file mode, and this run has 1 worker(s) in slice mode" in out

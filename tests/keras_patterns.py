@@ -9,10 +9,13 @@ trains them through ``tfdist.fit``, killing itself once per model (tests/test_ke
 * ``counter``: a model holding a variable its ``train_step`` counts examples in.
 * ``strings``: a string column as a NumPy object array (what pandas gives) into a ``StringLookup``.
 
-Run as a script: ``python keras_patterns.py STRATEGY ROOT PATTERN[,PATTERN...] KILL_AT``. It
-trains each pattern into ``ROOT/PATTERN``; the first run of each (no ``ROOT/PATTERN.killed``
-yet) kills itself with SIGKILL after global step ``KILL_AT``. With ``KILL_AT`` 0 only a
-``TFDIST_FAULT`` of the environment applies (a ``tfdist launch`` cluster's). It prints ``RESULT {...}`` once every pattern is complete.
+Run as a script: ``python keras_patterns.py STRATEGY ROOT ITEM[,ITEM...] KILL_AT``. An item is
+``PATTERN`` (trained under ``STRATEGY`` into ``ROOT/PATTERN``) or ``STRATEGY:PATTERN`` (trained
+into ``ROOT/STRATEGY-PATTERN``). The first run of each item (no ``ROOT/NAME.killed`` yet) kills
+itself with SIGKILL after global step ``KILL_AT``. A run that completes an item writes
+``ROOT/NAME.json``, and later runs skip that item: repeating one command meets one kill per item.
+With ``KILL_AT`` 0 only a ``TFDIST_FAULT`` of the environment applies (a ``tfdist launch``
+cluster's), and no item is skipped. It prints ``RESULT {...}`` once every item is complete.
 """
 
 from __future__ import annotations
@@ -228,7 +231,7 @@ def fit(pattern: str, strategy: str, checkpoint_dir: str | None, **options):
     return tfdist.fit(BUILDERS[pattern], data(pattern), **arguments)
 
 
-def main(strategy: str, root: str, patterns: str, kill_at: str) -> None:
+def main(strategy: str, root: str, items: str, kill_at: str) -> None:
     import tensorflow as tf
 
     import tfdist
@@ -238,20 +241,30 @@ def main(strategy: str, root: str, patterns: str, kill_at: str) -> None:
     # every run is the same, and a difference can only come from the resume.
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
-    if strategy in ("mirrored", "central_storage"):
+    plan = []  # (name, strategy, pattern)
+    for item in items.split(","):
+        named, _, pattern = item.rpartition(":")
+        plan.append((f"{named}-{pattern}" if named else pattern, named or strategy, pattern))
+    if any(name in ("mirrored", "central_storage") for _, name, _ in plan):
         tfdist.split_cpu(2)
     result = {}
-    for pattern in patterns.split(","):
-        _keras().backend.clear_session()  # each pattern as in a process of its own (layer names, graphs)
-        marker = os.path.join(root, f"{pattern}.killed")
+    for name, item_strategy, pattern in plan:
+        done = os.path.join(root, f"{name}.json")
+        if int(kill_at) and os.path.exists(done):
+            continue
+        _keras().backend.clear_session()  # each item as in a process of its own (layer names, graphs)
+        marker = os.path.join(root, f"{name}.killed")
         if int(kill_at):  # else a TFDIST_FAULT from the environment (a launched cluster's) applies
             os.environ.pop("TFDIST_FAULT", None)
             if not os.path.exists(marker):
                 os.makedirs(root, exist_ok=True)
                 open(marker, "w").close()
                 os.environ["TFDIST_FAULT"] = f"kill_at_step:{kill_at}"
-        history = fit(pattern, strategy, os.path.join(root, pattern))
-        result[pattern] = {"from": history.tfdist.start_step, "history": history.history}
+        history = fit(pattern, item_strategy, os.path.join(root, name))
+        result[name] = {"from": history.tfdist.start_step, "history": history.history}
+        if int(kill_at):
+            with open(done, "w") as f:
+                json.dump(result[name], f)
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -13,7 +13,8 @@ import tfdist
 from tfdist.data.class_weights import ClassWeights
 from tfdist.errors import CheckpointMismatchError, DataError
 
-from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after, same_weights, script_result
+from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after, same_weights
+from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 KERASES = ["keras", "tf_keras"]
 _RNG = np.random.RandomState(7)
@@ -169,7 +170,8 @@ def test_a_class_weighted_run_killed_mid_epoch_resumes_bit_identically_and_refus
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
 
 
-# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: a fresh process.
+# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: test_fit.two_cpu_scripts
+# runs this in a fresh process.
 _MIRRORED = textwrap.dedent(
     """
     import json
@@ -189,7 +191,6 @@ _MIRRORED = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(240)
-def test_mirrored_replicas_weigh_their_parts_of_the_batch_by_class(procs):
-    result = script_result(procs, _MIRRORED, timeout=220)
+def test_mirrored_replicas_weigh_their_parts_of_the_batch_by_class(two_cpu_scripts):
+    result = two_cpu_scripts("class_weights")  # _MIRRORED
     assert result == {"replicas": 2, "same": True, "weighed": True}

@@ -15,7 +15,8 @@ import tfdist
 from tfdist.data.images import ImageFolderSource
 from tfdist.errors import DataError, ModelError
 
-from conftest import Crash, crash_after, same_weights, script_result
+from conftest import Crash, crash_after, same_weights
+from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 CLASSES = ("cat", "dog", "eel")
 
@@ -243,8 +244,8 @@ _MIRRORED = textwrap.dedent(
 )
 
 
-def test_under_mirrored_a_crash_resumes_bit_identically_validation_included(procs, folder):
-    result = script_result(procs, _MIRRORED, folder, timeout=280)
+def test_under_mirrored_a_crash_resumes_bit_identically_validation_included(two_cpu_scripts):
+    result = two_cpu_scripts("images")  # _MIRRORED on a folder of write_images
     assert result["replicas"] == 2 and result["from"] == 4 and result["same"], result
     assert result["val_loss"][0] == result["val_loss"][1], result
 

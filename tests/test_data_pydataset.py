@@ -13,7 +13,8 @@ import tfdist
 from tfdist.data.pydataset import PyDatasetSource
 from tfdist.errors import BatchSizeError, DataError
 
-from conftest import Crash, crash_after, same_weights, script_result
+from conftest import Crash, crash_after, same_weights
+from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 _RNG = np.random.RandomState(5)
 X = _RNG.rand(200, 6).astype(np.float32)
@@ -269,8 +270,8 @@ _MIRRORED = textwrap.dedent(
 )
 
 
-def test_under_mirrored_a_crash_resumes_bit_identically_validation_included(procs):
-    result = script_result(procs, _MIRRORED, timeout=280)
+def test_under_mirrored_a_crash_resumes_bit_identically_validation_included(two_cpu_scripts):
+    result = two_cpu_scripts("pydataset")  # _MIRRORED
     assert result["replicas"] == 2 and result["from"] == 15 and result["same"], result
     # Each replica validates with its own BatchNormalization statistics (as Keras does), so the figure is
     # not model.evaluate's; it is the uninterrupted run's, to the bit.

@@ -13,7 +13,8 @@ from tfdist import data
 from tfdist.data.arrays import hash_arrays
 from tfdist.errors import DataError
 
-from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after, script_result
+from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after
+from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 _RNG = np.random.RandomState(5)
 N = 192
@@ -195,7 +196,8 @@ def test_a_two_input_weighted_run_killed_mid_epoch_resumes_bit_identically(tmp_p
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
 
 
-# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: a fresh process.
+# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: test_fit.two_cpu_scripts
+# runs this in a fresh process.
 _MIRRORED = textwrap.dedent(
     """
     import json, os, sys
@@ -225,9 +227,8 @@ _MIRRORED = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(300)
-def test_mirrored_two_input_weighted_run_matches_one_device_and_resumes_bit_identically(procs, tmp_path):
-    result = script_result(procs, _MIRRORED, str(tmp_path), timeout=280)
+def test_mirrored_two_input_weighted_run_matches_one_device_and_resumes_bit_identically(two_cpu_scripts):
+    result = two_cpu_scripts("structured")  # _MIRRORED
     assert result["replicas"] == 2 and result["start"] == 6
     assert result["same_history"] and result["differ"] == []
     for key, values in result["one"].items():  # the same global batches, weights and metrics as one device

@@ -33,21 +33,60 @@ def _metadata(out):
     return layout.latest_metadata(str(out / "checkpoints"))
 
 
-@pytest.mark.timeout(900)
-def test_mirrored_on_files_resumes_bit_identically_and_a_new_topology_keeps_the_order(procs, tmp_path, digits):
+@pytest.fixture(scope="module")
+def mirrored_drill(reference_runs):
+    """A mirrored run on files, and the same run killed at step 17 and resumed by the command the
+    shell makes of an unquoted glob; then the uninterrupted run continued under one_device (in a
+    copy). Made once per suite: the directory holding the runs, their outputs and the
+    killed run's recorded data fingerprint."""
+    import shutil
+
+    from conftest import Processes
+
     mirrored = ["--strategy", "mirrored", "--cpu-devices", "2", "--per-replica-batch-size", "16"]
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    code, out = _train(procs, digits, reference, *mirrored)
-    assert code == 0, out[-4000:]
-    assert "input pipeline 0 of 1 reads stream(s) 0-1 of 2" in out
+
+    def make(root):
+        digits = write_digits(root / "digits")
+        reference, killed = root / "reference", root / "killed"
+        with Processes() as procs:
+            code, out = _train(procs, digits, reference, *mirrored)
+            assert code == 0, out[-4000:]
+            (root / "reference.out").write_text(out)
+            code, out = _train(procs, digits, killed, *mirrored, fault="kill_at_step:17")  # the quoted glob
+            assert code == -9, out[-4000:]
+            (root / "fingerprint").write_text(_metadata(killed).run_value("data_fingerprint"))
+            # The same command with the glob unquoted reaches tfdist as several paths, in the shell's order.
+            expanded = sorted(glob.glob(digits["train"]), reverse=True)
+            assert len(expanded) > 1
+            code, out = procs.tfdist(*TRAIN, *mirrored, "--data", *expanded, "--features", digits["features"],
+                                     "--validation-data", *glob.glob(digits["validation"]), "--output-dir",
+                                     str(killed), "--summary-json", str(killed / "summary.json"), env=base_env(),
+                                     timeout=300)
+            (root / "resumed.out").write_text(f"{code}\n{out}")
+            # 2 replicas -> 1, from a copy of the uninterrupted run.
+            shutil.copytree(reference, root / "one_device")
+            code, out = _train(procs, digits, root / "one_device", "--strategy", "one_device",
+                               "--per-replica-batch-size", "32", "--epochs", "4")
+            (root / "one_device.out").write_text(f"{code}\n{out}")
+
+    return reference_runs(["test_data_training", "mirrored drill"], make)
+
+
+def _exited(path):
+    code, out = path.read_text().split("\n", 1)
+    return int(code), out
+
+
+@pytest.mark.timeout(900)  # the drill is made in the setup of the first test that asks for it
+def test_mirrored_on_files_resumes_bit_identically_and_a_new_topology_keeps_the_order(mirrored_drill):
+    reference, killed = mirrored_drill / "reference", mirrored_drill / "killed"
+    assert "input pipeline 0 of 1 reads stream(s) 0-1 of 2" in (mirrored_drill / "reference.out").read_text()
     summary = read_json(reference / "summary.json")
     assert summary["strategy"] == "mirrored" and summary["num_replicas"] == 2 and summary["global_step"] == 36
     order = _metadata(reference).data_order
     assert order["streams"] == 2 and order["layout"] == "tfrecord-blocks-1"
 
-    code, out = _train(procs, digits, killed, *mirrored, fault="kill_at_step:17")
-    assert code == -9, out[-4000:]
-    code, out = _train(procs, digits, killed, *mirrored)  # the same command again: resumes mid-epoch
+    code, out = _exited(mirrored_drill / "resumed.out")  # the killed command again: resumes mid-epoch
     assert code == 0, out[-4000:]
     resumed = read_json(killed / "summary.json")
     assert resumed["start_step"] in (12, 15) and resumed["global_step"] == 36  # the last save that completed
@@ -55,34 +94,24 @@ def test_mirrored_on_files_resumes_bit_identically_and_a_new_topology_keeps_the_
     assert _metadata(killed).history == _metadata(reference).history  # val_loss included
 
     # 2 replicas -> 1: the recorded 2 streams are kept, so every step reads the examples it would have.
-    code, out = _train(procs, digits, reference, "--strategy", "one_device", "--per-replica-batch-size", "32",
-                       "--epochs", "4")
+    code, out = _exited(mirrored_drill / "one_device.out")
     assert code == 0, out[-4000:]
-    one = read_json(reference / "summary.json")
+    one = read_json(mirrored_drill / "one_device" / "summary.json")
     assert one["strategy"] == "one_device" and one["start_step"] == 36 and one["global_step"] == 48
-    assert _metadata(reference).data_order == order
+    assert _metadata(mirrored_drill / "one_device").data_order == order
     assert "reads stream(s) 0-1 of 2" in out
 
 
-@pytest.mark.timeout(300)
-def test_an_unquoted_glob_the_shell_expanded_is_the_same_data_as_the_glob(procs, tmp_path, digits):
-    # `--data DIR/train-*.tfrecord` without quotes reaches tfdist as several paths, in the shell's order.
-    from tfdist.checkpoint import layout
-
-    run = tmp_path / "run"
-    short = ["--epochs", "2", "--steps-per-epoch", "6", "--strategy", "one_device", "--sync-save"]
-    code, out = _train(procs, digits, run, *short, fault="kill_at_step:8")  # the quoted glob; saved at 5 and 6 (epoch end)
-    assert code == -9, out[-4000:]
-    fingerprint = _metadata(run).run_value("data_fingerprint")
-    expanded = sorted(glob.glob(digits["train"]), reverse=True)
-    assert len(expanded) > 1
-    code, out = procs.tfdist(*TRAIN, *short, "--data", *expanded, "--features", digits["features"],
-                             "--validation-data", *glob.glob(digits["validation"]), "--output-dir", str(run),
-                             "--summary-json", str(run / "summary.json"), env=base_env(), timeout=300)
+@pytest.mark.timeout(900)
+def test_an_unquoted_glob_the_shell_expanded_is_the_same_data_as_the_glob(mirrored_drill):
+    # `--data DIR/train-*.tfrecord` without quotes reaches tfdist as several paths, in the shell's order:
+    # the drill resumed its killed run (started with the quoted glob) with them.
+    code, out = _exited(mirrored_drill / "resumed.out")
     assert code == 0, out[-4000:]  # not refused as another run's data: same files, same order
-    summary = read_json(run / "summary.json")
-    assert summary["start_step"] == 6 and summary["global_step"] == 12
-    assert layout.latest_metadata(str(run / "checkpoints")).run_value("data_fingerprint") == fingerprint
+    summary = read_json(mirrored_drill / "killed" / "summary.json")
+    assert summary["start_step"] in (12, 15) and summary["global_step"] == 36
+    fingerprint = (mirrored_drill / "fingerprint").read_text()
+    assert _metadata(mirrored_drill / "killed").run_value("data_fingerprint") == fingerprint
 
 
 def test_malformed_npz_is_a_one_line_error_with_exit_code_2(procs, tmp_path):

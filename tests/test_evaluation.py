@@ -11,7 +11,7 @@ import tfdist
 from tfdist import BatchSizeError, DataError, ModelError
 from tfdist.data import load_digits
 
-from conftest import script_result
+from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 
 def _builder(keras_name: str):
@@ -261,9 +261,8 @@ _REPLICAS = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(300)
-def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part_also_of_a_loaded_model(procs):
-    results = script_result(procs, _REPLICAS, timeout=280)
+def test_under_mirrored_and_central_storage_each_replica_evaluates_its_part_also_of_a_loaded_model(two_cpu_scripts):
+    results = two_cpu_scripts("evaluation")  # _REPLICAS
     loaded = {name: results.pop(name) for name in list(results) if " loaded " in name}
     for strategy in ("mirrored", "central_storage"):  # 101 examples: the replicas' parts end in partial batches
         result = results.pop(f"keras outputs {strategy}")

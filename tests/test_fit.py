@@ -14,7 +14,7 @@ from tfdist import models
 from tfdist.data import load_digits
 from tfdist.errors import BatchSizeError, DataError, ModelError
 
-from conftest import base_env, script_result
+from conftest import base_env
 
 CNN = models.builder("cnn", input_shape=(8, 8, 1), num_classes=10, keras="2")  # tf_keras; Keras 3: test_fit_keras3.py
 
@@ -189,7 +189,8 @@ def test_gradient_accumulation_equals_the_large_batch_under_one_device():
 
 
 def test_mixed_precision_under_one_device():
-    history = tfdist.fit(CNN, "digits", epochs=1, batch_size=64, mixed_precision="mixed_float16",
+    # Two steps: a CPU has no fast path for 16-bit math, and the checks need a step, not an epoch.
+    history = tfdist.fit(CNN, "digits", epochs=1, batch_size=64, steps_per_epoch=2, mixed_precision="mixed_float16",
                          strategy="one_device", seed=0, verbose=0)
     model = history.model
     assert type(model.optimizer).__name__.startswith("LossScaleOptimizer")
@@ -241,7 +242,8 @@ _TWO_CPUS = textwrap.dedent(
     for name in ("mirrored", "central_storage"):
         h = tfdist.fit(cnn, "digits", epochs=2, batch_size=64, strategy=name, devices=devices, seed=0, verbose=0)
         out[name] = {"replicas": h.tfdist.num_replicas, "strategy": h.tfdist.strategy, "loss": h.history["loss"],
-                     "per_replica": h.tfdist.per_replica_batch_size, "all_reduce": h.tfdist.all_reduce}
+                     "per_replica": h.tfdist.per_replica_batch_size, "all_reduce": h.tfdist.all_reduce,
+                     "global_step": h.tfdist.global_step, "steps_per_epoch": h.tfdist.steps_per_epoch}
     big = tfdist.fit(linear, "digits", epochs=1, batch_size=64, strategy="mirrored", devices=devices, seed=1, deterministic=True, verbose=0)
     acc = tfdist.fit(linear, "digits", epochs=1, batch_size=64, grad_accum_steps=2, strategy="mirrored", devices=devices, seed=1, deterministic=True, verbose=0)
     out["accum_maxdiff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(big.model.get_weights(), acc.model.get_weights()))
@@ -252,16 +254,43 @@ _TWO_CPUS = textwrap.dedent(
     acc = tfdist.fit(linear, "digits", epochs=1, batch_size=64, grad_accum_steps=2, strategy="central_storage", devices=devices, seed=1, deterministic=True, verbose=0)
     out["cs_accum_maxdiff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(big.model.get_weights(), acc.model.get_weights()))
     out["cs_accum_cnn_loss"] = tfdist.fit(cnn, "digits", epochs=1, batch_size=64, grad_accum_steps=2, strategy="central_storage", devices=devices, seed=0, verbose=0).history["loss"]
-    mp = tfdist.fit(cnn, "digits", epochs=1, batch_size=64, strategy="mirrored", devices=devices, mixed_precision="mixed_float16", seed=0, verbose=0)
+    # Two steps: a CPU has no fast path for 16-bit math.
+    mp = tfdist.fit(cnn, "digits", epochs=1, batch_size=64, steps_per_epoch=2, strategy="mirrored", devices=devices, mixed_precision="mixed_float16", seed=0, verbose=0)
     out["mp"] = {"optimizer": type(mp.model.optimizer).__name__, "loss": mp.history["loss"][0], "replicas": mp.tfdist.num_replicas}
-    print("RESULT " + json.dumps(out))
+    cnn3 = models.builder("cnn", input_shape=(8, 8, 1), num_classes=10, keras="3")
+    h = tfdist.fit(cnn3, "digits", epochs=2, batch_size=128, strategy="one_device", devices=devices[:1], seed=0, verbose=0)
+    out["steps"] = {"one_device": [h.tfdist.global_step, h.tfdist.steps_per_epoch],
+                    "mirrored": [out["mirrored"]["global_step"], out["mirrored"]["steps_per_epoch"]]}
+    print("RESULT " + json.dumps(out), flush=True)
     """
 )
 
 
+@pytest.fixture(scope="module")
+def two_cpus(reference_runs):
+    """The output of ``_TWO_CPUS`` run once per suite with TensorFlow's default logging
+    (TF_CPP_MIN_LOG_LEVEL unset): its exit code, then what it printed."""
+    from conftest import Processes
+
+    def make(directory):
+        environ = base_env(TF_CPP_MIN_LOG_LEVEL="0", PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+        with Processes() as procs:
+            code, out = procs.run([sys.executable, "-c", _TWO_CPUS], timeout=280, env=environ)
+        (directory / "out").write_text(f"{code}\n{out}")
+
+    code, out = (reference_runs(["test_fit", "two logical cpus"], make) / "out").read_text().split("\n", 1)
+    return int(code), out
+
+
+def _result(out: str) -> dict:
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+
 @pytest.mark.timeout(300)
-def test_mirrored_and_central_storage_on_two_logical_cpus(procs):
-    result = script_result(procs, _TWO_CPUS, timeout=280)
+def test_mirrored_and_central_storage_on_two_logical_cpus(two_cpus):
+    code, out = two_cpus
+    assert code == 0, out[-3000:]
+    result = _result(out)
     for name in ("mirrored", "central_storage"):
         run = result[name]
         assert run["strategy"] == name and run["replicas"] == 2 and run["per_replica"] == 32
@@ -308,33 +337,71 @@ def test_a_training_dataset_with_a_ragged_component_is_asserted_endless_and_fail
         next(iterator)
 
 
-_QUIET_END = textwrap.dedent(
+# The scripts other modules run on two logical CPUs: one fresh process runs them all, one after
+# another, so that TensorFlow starts once. Each test reads its own script's output.
+_SCRIPTS = {"evaluation": ("test_evaluation", "_REPLICAS"), "images": ("test_data_images", "_MIRRORED"),
+            "pydataset": ("test_data_pydataset", "_MIRRORED"), "structured": ("test_data_structured", "_MIRRORED"),
+            "class_weights": ("test_data_class_weights", "_MIRRORED"), "keras3": ("test_fit_keras3", "_TWO_CPUS")}
+
+_RUN_SCRIPTS = textwrap.dedent(
     """
-    import json
+    import contextlib, importlib, io, json, sys, traceback
     import tfdist
-    devices = tfdist.split_cpu(2)
-    from tfdist import models
-    steps = {}
-    for name, keras in (("one_device", "3"), ("mirrored", "2")):
-        cnn = models.builder("cnn", input_shape=(8, 8, 1), num_classes=10, keras=keras)
-        h = tfdist.fit(cnn, "digits", epochs=2, batch_size=128, strategy=name, devices=devices[:1 if name == "one_device" else 2],
-                       seed=0, verbose=0)
-        steps[name] = [h.tfdist.global_step, h.tfdist.steps_per_epoch]
-    print("RESULT " + json.dumps(steps), flush=True)
+    tfdist.split_cpu(2)
+    import keras, tf_keras
+    for name, module, attribute, args, path in json.loads(sys.argv[1]):
+        keras.backend.clear_session()
+        tf_keras.backend.clear_session()
+        sys.argv = ["-c", *args]
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(getattr(importlib.import_module(module), attribute), name, "exec"), {"__name__": "__main__"})
+        except BaseException:
+            printed.write(traceback.format_exc())
+        with open(path, "w") as f:
+            f.write(printed.getvalue())
     """
 )
 
 
-@pytest.mark.timeout(200)
-def test_the_end_of_training_logs_no_tensorflow_error_with_its_logging_on(procs):
+@pytest.fixture(scope="session")
+def two_cpu_scripts(reference_runs):
+    """``result(name)``: the JSON that the script ``name`` of ``_SCRIPTS`` printed on its
+    ``RESULT`` line, all of them run once per suite in one process with two logical CPUs."""
+    from conftest import Processes
+    from test_data_images import write_images
+
+    def make(directory):
+        args = {"images": [write_images(str(directory / "images"))], "structured": [str(directory / "structured")]}
+        plan = [[name, module, attribute, args.get(name, []), str(directory / f"{name}.out")]
+                for name, (module, attribute) in _SCRIPTS.items()]
+        environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+        with Processes() as procs:
+            code, out = procs.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
+        assert code == 0, out[-4000:]
+
+    directory = reference_runs(["two logical CPUs", sorted(_SCRIPTS.items())], make)
+
+    def result(name):
+        printed = (directory / f"{name}.out").read_text()
+        lines = [line for line in printed.splitlines() if line.startswith("RESULT ")]
+        assert lines, printed[-4000:]
+        return json.loads(lines[0][7:])
+
+    return result
+
+
+@pytest.mark.timeout(300)
+def test_the_end_of_training_logs_no_tensorflow_error_with_its_logging_on(two_cpus):
     # TensorFlow's default logging (TF_CPP_MIN_LOG_LEVEL unset) printed "Local rendezvous is aborting with
     # status: FAILED_PRECONDITION: Input dataset was expected to contain an infinite number of elements"
     # at the end of every run: the input's read-ahead met the end of the run's batches.
-    environ = base_env(TF_CPP_MIN_LOG_LEVEL="0", PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
-    code, out = procs.run([sys.executable, "-c", _QUIET_END], timeout=180, env=environ)
+    # _TWO_CPUS ends runs under one_device (Keras 3), mirrored and central_storage (tf_keras).
+    code, out = two_cpus
     assert code == 0, out[-3000:]
-    steps = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-    assert steps == {"one_device": [22, 11], "mirrored": [22, 11]}  # 1437 digits for training, 128 a step
+    # 1437 digits for training: 64 a step under mirrored, 128 under one_device
+    assert _result(out)["steps"] == {"one_device": [22, 11], "mirrored": [44, 22]}
     assert "rendezvous is aborting" not in out and "FAILED_PRECONDITION" not in out, out[-3000:]
 
 

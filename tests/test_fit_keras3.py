@@ -15,6 +15,7 @@ import tfdist
 from tfdist.errors import ModelError
 
 from conftest import Crash, crash_after, same_weights, script_result
+from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 _RNG = np.random.RandomState(3)
 X = _RNG.rand(256, 6).astype(np.float32)
@@ -350,9 +351,8 @@ def test_jit_compile_true_compiles_the_steps_with_xla_as_model_fit_does(procs):
             np.testing.assert_allclose(xla["history"][key], plain["history"][key], rtol=1e-4, err_msg=f"{name} {key}")
 
 
-@pytest.mark.timeout(300)
-def test_mirrored_and_central_storage_give_one_devices_metrics_and_weights(procs):
-    result = script_result(procs, _TWO_CPUS)
+def test_mirrored_and_central_storage_give_one_devices_metrics_and_weights(two_cpu_scripts):
+    result = two_cpu_scripts("keras3")  # _TWO_CPUS
     one = result["one_device"]
     for name in ("mirrored", "central_storage"):
         run = result[name]

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors
+from conftest import assert_bit_identical, base_env, checkpoint_tensors, read_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "keras_patterns.py")
@@ -22,50 +22,73 @@ def _env(**extra):
     return base_env(PYTHONPATH=HERE + os.pathsep + base_env()["PYTHONPATH"], **extra)
 
 
-def _result(out: str) -> dict:
-    import json
-
-    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-
-
-def _drive(procs, strategy, root, pattern, kill_at):
-    code, out = procs.run([sys.executable, DRIVER, strategy, str(root), pattern, str(kill_at)], timeout=240,
-                          env=_env())
-    return code, out
-
-
 # A part of the matrix; benchmarks/keras_patterns.py runs every pattern under every strategy.
-@pytest.mark.parametrize("strategy, pattern", [
-    ("one_device", "gan"), ("one_device", "vae"), ("mirrored", "gan"), ("central_storage", "counter"),
-])
-def test_a_keras_io_model_resumes_bit_identical_after_a_sigkill(procs, tmp_path, strategy, pattern):
-    kill_at = random.randint(3, STEPS - 1)  # after the first save (step 2), before the end
-    code, out = _drive(procs, strategy, tmp_path / "reference", pattern, 0)
-    assert code == 0, out[-3000:]
-    code, out = _drive(procs, strategy, tmp_path / "killed", pattern, kill_at)
-    assert code == -9, f"expected the SIGKILL at step {kill_at}; exit {code}\n{out[-3000:]}"
-    code, out = _drive(procs, strategy, tmp_path / "killed", pattern, kill_at)
-    assert code == 0, out[-3000:]
+CELLS = [("one_device", "gan"), ("one_device", "vae"), ("mirrored", "gan"), ("central_storage", "counter")]
+
+
+@pytest.fixture(scope="module")
+def sigkilled(reference_runs):
+    """Every cell trained uninterrupted, and trained with one SIGKILL each, by repeating one
+    command of the driver until it completes (each run resumes one cell and is killed in the
+    next): the root of both runs and the step of the kills."""
+    items = ",".join(f"{strategy}:{pattern}" for strategy, pattern in CELLS)
+
+    def make(root):
+        from conftest import Processes
+
+        kill_at = random.randint(3, STEPS - 1)  # after the first save (step 2), before the end
+        (root / "kill_at").write_text(str(kill_at))
+        with Processes() as procs:
+            def drive(directory, kill):
+                return procs.run([sys.executable, DRIVER, "one_device", str(root / directory), items, str(kill)],
+                                 timeout=300, env=_env())
+
+            code, out = drive("reference", 0)
+            assert code == 0, out[-3000:]
+            for strategy, pattern in CELLS:
+                code, out = drive("killed", kill_at)
+                assert code == -9, f"expected the SIGKILL of {strategy}:{pattern} at step {kill_at}; exit {code}\n{out[-3000:]}"
+            code, out = drive("killed", kill_at)
+            assert code == 0, out[-3000:]
+
+    root = reference_runs(["keras_patterns", items, "sigkilled"], make)
+    return root, int((root / "kill_at").read_text())
+
+
+@pytest.mark.parametrize("strategy, pattern", CELLS)
+def test_a_keras_io_model_resumes_bit_identical_after_a_sigkill(sigkilled, strategy, pattern):
+    root, kill_at = sigkilled
+    name = f"{strategy}-{pattern}"
     # The step it resumed from: the last save complete before the kill (saves are asynchronous).
-    assert 0 <= _result(out)[pattern]["from"] < kill_at
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference" / pattern)),
-                         checkpoint_tensors(str(tmp_path / "killed" / pattern)))
+    assert 0 <= read_json(root / "killed" / f"{name}.json")["from"] < kill_at
+    assert_bit_identical(checkpoint_tensors(str(root / "reference" / name)),
+                         checkpoint_tensors(str(root / "killed" / name)))
+
+
+_LAUNCHED_GAN = """
+import os, sys
+import keras, tensorflow as tf
+import keras_patterns
+from tfdist import env
+tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})  # as the driver does
+fault, root = os.environ.pop("TFDIST_FAULT"), sys.argv[1]
+if env.restart() == 0:  # the cluster's first run trains the uninterrupted reference first
+    keras.backend.clear_session()
+    keras_patterns.fit("gan", "multi_worker_mirrored", os.path.join(root, "reference"))
+os.environ["TFDIST_FAULT"] = fault
+keras.backend.clear_session()
+keras_patterns.fit("gan", "multi_worker_mirrored", os.path.join(root, "killed"))
+"""
 
 
 def test_a_gan_under_two_launched_workers_resumes_bit_identical_after_a_sigkill(procs, tmp_path):
-    def launch(root, fault):
-        code, out = procs.run([sys.executable, "-m", "tfdist", "launch", "--workers", "2", "--", sys.executable, DRIVER,
-                               "multi_worker_mirrored", str(root), "gan", "0"], timeout=300,
-                              env=_env(**({"TFDIST_FAULT": fault} if fault else {})))
-        assert code == 0, out[-4000:]
-        return out
-
-    launch(tmp_path / "reference", None)
+    # One launched job: the workers train the reference, then the run worker 1 kills itself in;
+    # the restarted cluster resumes that run.
     kill_at = random.randint(3, STEPS - 1)
-    out = launch(tmp_path / "killed", f"worker:1/kill_at_step:{kill_at}")
+    out = procs.launch_script(tmp_path / "gan.py", _LAUNCHED_GAN, tmp_path, cluster=["--workers", "2"], timeout=300,
+                              env=_env(TFDIST_FAULT=f"worker:1/kill_at_step:{kill_at}"))
     assert f"kill_at_step at step {kill_at}" in out and "1 cluster restart(s)" in out, out[-4000:]
-    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference" / "gan")),
-                         checkpoint_tensors(str(tmp_path / "killed" / "gan")))
+    assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "killed")))
 
 
 @pytest.mark.parametrize("pattern", ["gan", "vae", "autoencoder", "counter", "strings"])

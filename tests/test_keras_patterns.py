@@ -312,6 +312,9 @@ def test_tf_keras_one_device_equals_its_own_fit_bit_for_bit(build):
 
     x = keras_patterns.images()
     data = x if build is _tf_keras_gan else (x, x)
+    # tfdist.fit switches this on for every tf_keras model it builds: random layers keep their
+    # state in tf.random.Generator variables. The reference is built the same way.
+    tf_keras.backend.experimental.enable_tf_random_generator()
     with tfdist.make_strategy("one_device").tf.scope():
         tf_keras.utils.set_random_seed(4)
         reference = build()

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -245,3 +246,57 @@ def crash_and_resume(fit, data, *, crash_at: int, save_every: int, **options) ->
     return {"replicas": resumed.tfdist.num_replicas, "from": resumed.tfdist.start_step,
             "same": same_weights(resumed.model, reference.model),
             "val_loss": [resumed.history["val_loss"][-1], reference.history["val_loss"][-1]]}
+
+
+# The scripts other modules run on two logical CPUs: one fresh process runs them all, one after
+# another, so that TensorFlow starts once. Each test reads its own script's output.
+_SCRIPTS = {"evaluation": ("test_evaluation", "_REPLICAS"), "images": ("test_data_images", "_MIRRORED"),
+            "pydataset": ("test_data_pydataset", "_MIRRORED"), "structured": ("test_data_structured", "_MIRRORED"),
+            "class_weights": ("test_data_class_weights", "_MIRRORED"), "keras3": ("test_fit_keras3", "_TWO_CPUS")}
+
+_RUN_SCRIPTS = textwrap.dedent(
+    """
+    import contextlib, importlib, io, json, sys, traceback
+    import tfdist
+    tfdist.split_cpu(2)
+    import keras, tf_keras
+    for name, module, attribute, args, path in json.loads(sys.argv[1]):
+        keras.backend.clear_session()
+        tf_keras.backend.clear_session()
+        sys.argv = ["-c", *args]
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(getattr(importlib.import_module(module), attribute), name, "exec"), {"__name__": "__main__"})
+        except BaseException:
+            printed.write(traceback.format_exc())
+        with open(path, "w") as f:
+            f.write(printed.getvalue())
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def two_cpu_scripts(reference_runs):
+    """``result(name)``: the JSON that the script ``name`` of ``_SCRIPTS`` printed on its
+    ``RESULT`` line, all of them run once per suite in one process with two logical CPUs."""
+    from test_data_images import write_images
+
+    def make(directory):
+        args = {"images": [write_images(str(directory / "images"))], "structured": [str(directory / "structured")]}
+        plan = [[name, module, attribute, args.get(name, []), str(directory / f"{name}.out")]
+                for name, (module, attribute) in _SCRIPTS.items()]
+        environ = base_env(PYTHONPATH=os.path.dirname(os.path.abspath(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
+        with Processes() as procs:
+            code, out = procs.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
+        assert code == 0, out[-4000:]
+
+    directory = reference_runs(["two logical CPUs", sorted(_SCRIPTS.items())], make)
+
+    def result(name):
+        printed = (directory / f"{name}.out").read_text()
+        lines = [line for line in printed.splitlines() if line.startswith("RESULT ")]
+        assert lines, printed[-4000:]
+        return json.loads(lines[0][7:])
+
+    return result

@@ -14,7 +14,6 @@ from tfdist.data.class_weights import ClassWeights
 from tfdist.errors import CheckpointMismatchError, DataError
 
 from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after, same_weights
-from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 KERASES = ["keras", "tf_keras"]
 _RNG = np.random.RandomState(7)
@@ -170,7 +169,7 @@ def test_a_class_weighted_run_killed_mid_epoch_resumes_bit_identically_and_refus
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
 
 
-# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: test_fit.two_cpu_scripts
+# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: conftest.two_cpu_scripts
 # runs this in a fresh process.
 _MIRRORED = textwrap.dedent(
     """

@@ -16,7 +16,6 @@ from tfdist.data.images import ImageFolderSource
 from tfdist.errors import DataError, ModelError
 
 from conftest import Crash, crash_after, same_weights
-from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 CLASSES = ("cat", "dog", "eel")
 

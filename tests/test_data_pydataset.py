@@ -14,7 +14,6 @@ from tfdist.data.pydataset import PyDatasetSource
 from tfdist.errors import BatchSizeError, DataError
 
 from conftest import Crash, crash_after, same_weights
-from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 _RNG = np.random.RandomState(5)
 X = _RNG.rand(200, 6).astype(np.float32)

@@ -14,7 +14,6 @@ from tfdist.data.arrays import hash_arrays
 from tfdist.errors import DataError
 
 from conftest import Crash, assert_bit_identical, checkpoint_tensors, crash_after
-from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 _RNG = np.random.RandomState(5)
 N = 192
@@ -196,7 +195,7 @@ def test_a_two_input_weighted_run_killed_mid_epoch_resumes_bit_identically(tmp_p
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "ref")), checkpoint_tensors(str(tmp_path / "int")))
 
 
-# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: test_fit.two_cpu_scripts
+# Two replicas need two logical CPUs, set before TensorFlow's runtime starts: conftest.two_cpu_scripts
 # runs this in a fresh process.
 _MIRRORED = textwrap.dedent(
     """

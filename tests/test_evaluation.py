@@ -11,7 +11,6 @@ import tfdist
 from tfdist import BatchSizeError, DataError, ModelError
 from tfdist.data import load_digits
 
-from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 
 def _builder(keras_name: str):

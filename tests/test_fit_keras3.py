@@ -15,7 +15,6 @@ import tfdist
 from tfdist.errors import ModelError
 
 from conftest import Crash, crash_after, same_weights, script_result
-from test_fit import two_cpu_scripts  # noqa: F401 (a fixture)
 
 _RNG = np.random.RandomState(3)
 X = _RNG.rand(256, 6).astype(np.float32)

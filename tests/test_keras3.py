@@ -542,9 +542,9 @@ def test_multi_worker_mirrored_two_processes_match_one_device(reference_runs):
     # Each worker runs the program in the last part of the two-worker job of
     # tests/multiprocess/test_multi_worker.py, after that job's fits.
     from conftest import read_json
-    from multiprocess.test_multi_worker import two_workers_job_run
+    from multiprocess.test_multi_worker import after_fit_run
 
-    job, _ = two_workers_job_run(reference_runs)
+    job, _ = after_fit_run(reference_runs)
     results = [read_json(job / "keras3_loop-keras" / f"worker{index}.json") for index in range(2)]
     assert results[0]["history"] == results[1]["history"]  # every worker sees the same logs
     for result in results:

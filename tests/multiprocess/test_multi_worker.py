@@ -130,27 +130,18 @@ def test_a_peer_that_dies_mid_run_ends_the_survivor_without_a_launcher(procs, tm
 
 
 # Keras 3 only: tf_keras accumulates in its own train_step under every strategy, which mirrored and
-# central_storage check (test_fit.py), and tf_keras evaluates on two workers in the tests below.
-ACCUMULATION = [*TRAIN, "--model", "linear", "--keras", "3", "--epochs", "1", "--steps-per-epoch", "6",
-                "--save-every-steps", "100"]
-# The tfdist commands of that test, which every worker of the job below runs in turn ({job}: its directory).
-COMMANDS = {
-    "big": [*ACCUMULATION, "--per-replica-batch-size", "16", "--output-dir", "{job}/big",
-            "--summary-json", "{job}/big/summary.json"],
-    "acc": [*ACCUMULATION, "--per-replica-batch-size", "8", "--grad-accum-steps", "2", "--output-dir", "{job}/acc",
-            "--summary-json", "{job}/acc/summary.json"],
-    "evaluate": ["evaluate", "{job}/acc/model.keras", "--json", "{job}/scores.json"],
-    "predict": ["predict", "{job}/acc/model.keras", "--output", "{job}/predicted.npy"],
-}
-
-
+# central_storage check (test_fit.py), and tf_keras evaluates on two workers in the test after this one.
 @pytest.mark.timeout(600)
-def test_gradient_accumulation_matches_the_large_batch_on_two_workers(two_workers_job):
-    job, out = two_workers_job
-    big, acc = read_json(job / "big" / "summary.json"), read_json(job / "acc" / "summary.json")
+def test_gradient_accumulation_matches_the_large_batch_on_two_workers(procs, tmp_path):
+    common = ["--model", "linear", "--keras", "3", "--epochs", "1", "--steps-per-epoch", "6", "--save-every-steps", "100"]
+    code, out = _launch(procs, tmp_path / "big", *common, "--per-replica-batch-size", "16")
+    assert code == 0, out[-4000:]
+    code, out = _launch(procs, tmp_path / "acc", *common, "--per-replica-batch-size", "8", "--grad-accum-steps", "2")
+    assert code == 0, out[-4000:]
+    big, acc = read_json(tmp_path / "big" / "summary.json"), read_json(tmp_path / "acc" / "summary.json")
     assert big["global_batch_size"] == acc["global_batch_size"] == 32 and acc["micro_batch_size"] == 8
-    a = checkpoint_tensors(str(job / "big" / "checkpoints"))
-    b = checkpoint_tensors(str(job / "acc" / "checkpoints"))
+    a = checkpoint_tensors(str(tmp_path / "big" / "checkpoints"))
+    b = checkpoint_tensors(str(tmp_path / "acc" / "checkpoints"))
     # Keras 3 checkpoints keep the weights under the optimizer's _trainable_variables
     model_keys = [k for k in a if "/_trainable_variables/" in k]
     assert len(model_keys) >= 2, sorted(a)
@@ -162,29 +153,36 @@ def test_gradient_accumulation_matches_the_large_batch_on_two_workers(two_worker
     # loads and holds the checkpoint's weights.
     import keras
 
-    loaded = keras.models.load_model(job / "acc" / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "acc" / "model.keras")
     kernel = next(b[k] for k in model_keys if b[k].ndim == 2)
     assert any(np.array_equal(w, kernel) for w in loaded.get_weights())
     # tfdist evaluate on both workers loads that file in their strategy's scope and scores the held-out
     # digits as the run's last validation did (each worker's replica evaluating half of them).
-    result = read_json(job / "scores.json")
+    scores = tmp_path / "scores.json"
+    code, out = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, "-m", "tfdist",
+                             "evaluate", str(tmp_path / "acc" / "model.keras"), "--json", str(scores),
+                             timeout=240, env=base_env())
+    assert code == 0, out[-4000:]
+    result = read_json(scores)
     assert result["examples"] == 359 and result["accuracy"] == acc["val_accuracy"]
-    assert "strategy multi_worker_mirrored, 2 replica(s)" in part_lines(out, "worker:0", "tfdist evaluate")
+    assert "strategy multi_worker_mirrored, 2 replica(s)" in out
     # tfdist predict: each worker's replica predicts half; the chief writes all, in order.
-    assert "strategy multi_worker_mirrored, 2 replica(s)" in part_lines(out, "worker:0", "tfdist predict")
+    code, out = procs.tfdist("launch", "--workers", "2", "--max-restarts", "0", "--", sys.executable, "-m",
+                             "tfdist", "predict", str(tmp_path / "acc" / "model.keras"), "--output",
+                             str(tmp_path / "predicted.npy"), timeout=240, env=base_env())
+    assert code == 0 and "strategy multi_worker_mirrored, 2 replica(s)" in out, out[-4000:]
     from tfdist.data import load_digits
 
-    np.testing.assert_allclose(np.load(job / "predicted.npy"), loaded.predict(load_digits()[1].x, verbose=0),
+    np.testing.assert_allclose(np.load(tmp_path / "predicted.npy"), loaded.predict(load_digits()[1].x, verbose=0),
                                rtol=1e-5, atol=1e-6)
 
 
 # One launched job of two workers runs the fits of the three tests below in turn, each in its own
-# directory, then tests/test_keras3.py's program on two workers, then COMMANDS: every worker start
-# costs ~7 s of CPU in imports, and ten jobs would start 18 more. argv: the job's directory, COMMANDS
-# as JSON. Each part prints "PART <part> <keras>" (a command: "PART tfdist <name>") on every worker
-# before it starts.
-TWO_WORKERS_JOB_SCRIPT = """
-import json, os, sys
+# directory, then tests/test_keras3.py's program on two workers: every worker start costs ~7 s of
+# CPU in imports, and six jobs would start 10 more. argv: the job's directory. Each part prints
+# "PART <part> <keras>" on every worker before it starts.
+AFTER_FIT_SCRIPT = """
+import glob, json, os, sys
 import numpy as np
 import tfdist
 from tfdist.data import load_digits
@@ -256,18 +254,11 @@ for part, kerases in ((evaluate, ("keras", "tf_keras")), (callback_files, ("kera
         os.makedirs(out, exist_ok=True)
         print(f"PART {part.__name__} {keras_name}", flush=True)
         part(keras_name, out)
-
-from tfdist.cli import main
-
-for name, argv in json.loads(sys.argv[2]).items():
-    print(f"PART tfdist {name}", flush=True)
-    code = main([arg.replace("{job}", job) for arg in argv])
-    assert code == 0, f"tfdist {name} exited with {code}"
 """
 
 
-def two_workers_job_run(reference_runs):
-    """The job of TWO_WORKERS_JOB_SCRIPT, made once for this file and tests/test_keras3.py: its directory
+def after_fit_run(reference_runs):
+    """The job of AFTER_FIT_SCRIPT, made once for this file and tests/test_keras3.py: its directory
     and the launch's output."""
     import os
 
@@ -275,18 +266,17 @@ def two_workers_job_run(reference_runs):
         tests = os.path.dirname(os.path.dirname(__file__))
         environ = base_env(PYTHONPATH=tests + os.pathsep + base_env()["PYTHONPATH"])
         with Processes() as procs:
-            out = procs.launch_script(job / "job.py", TWO_WORKERS_JOB_SCRIPT, job, json.dumps(COMMANDS),
-                                      cluster=SYNC_CLUSTER, env=environ, timeout=540)
+            out = procs.launch_script(job / "job.py", AFTER_FIT_SCRIPT, job, cluster=SYNC_CLUSTER, env=environ,
+                                      timeout=540)
         (job / "out.txt").write_text(out)
 
-    key = ["tests/multiprocess/test_multi_worker.py", TWO_WORKERS_JOB_SCRIPT, json.dumps(COMMANDS)]
-    job = reference_runs(key, make)
+    job = reference_runs(["tests/multiprocess/test_multi_worker.py", AFTER_FIT_SCRIPT], make)
     return job, (job / "out.txt").read_text()
 
 
 @pytest.fixture(scope="module")
-def two_workers_job(reference_runs):
-    return two_workers_job_run(reference_runs)
+def after_fit(reference_runs):
+    return after_fit_run(reference_runs)
 
 
 def part_lines(out: str, task: str, part: str) -> str:
@@ -303,11 +293,11 @@ def part_lines(out: str, task: str, part: str) -> str:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("keras", ["keras", "tf_keras"])
-def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_whole_sets_results(two_workers_job, keras):
+def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_whole_sets_results(after_fit, keras):
     # Keras 3's own model.evaluate fails here (a PerReplica value it cannot convert); tfdist.evaluate
     # runs fit's validation on its own: each worker's replica reads half of the examples.
-    job, out = two_workers_job
-    first, second = (read_json(job / f"evaluate-{keras}" / f"worker{index}.json") for index in range(2))
+    job, out = after_fit
+    first, second = read_json(job / f"evaluate-{keras}" / "worker0.json"), read_json(job / f"evaluate-{keras}" / "worker1.json")
     assert first == second
     assert first["strategy"] == "multi_worker_mirrored"
     assert first["same_batch"] == first["last"]
@@ -325,14 +315,14 @@ def test_after_fit_every_worker_evaluates_and_predicts_its_part_and_gets_the_who
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("keras", ["keras", "tf_keras"])
-def test_the_chief_alone_writes_the_files_of_the_users_callbacks(two_workers_job, keras):
+def test_the_chief_alone_writes_the_files_of_the_users_callbacks(after_fit, keras):
     # Every worker runs the callbacks; Keras 3's ModelCheckpoint, TensorBoard and both Kerases'
     # CSVLogger know nothing of workers: two writers of one HDF5 file fail the job (a file lock),
     # of one .keras file corrupt it, and a CSV file gets every row twice.
     import csv
     import os
 
-    job, printed = two_workers_job
+    job, printed = after_fit
     out = job / f"callback_files-{keras}"
     keras_module = __import__(keras)
     suffix = ".weights.h5" if keras == "keras" else ".h5"
@@ -345,16 +335,15 @@ def test_the_chief_alone_writes_the_files_of_the_users_callbacks(two_workers_job
     assert [row[0] for row in rows] == ["epoch", "0", "1", "2"]
     assert len(glob.glob(str(out / "tb" / "train" / "events.out.tfevents.*"))) == 1
     # Each worker's callbacks name the user's paths again after fit; worker 1's scratch files are gone.
-    paths = [json.loads(line.split(f"PATHS {keras} ", 1)[1])
-             for line in printed.splitlines() if f"PATHS {keras} " in line]
+    paths = [json.loads(line.split(f"PATHS {keras} ", 1)[1]) for line in printed.splitlines() if f"PATHS {keras} " in line]
     assert len(paths) == 2 and paths[0] == paths[1] and all(p.startswith(str(out)) for p in paths[0])
 
 
 @pytest.mark.timeout(600)
-def test_jit_compile_on_cpu_workers_trains_without_xla_and_says_so(two_workers_job):
+def test_jit_compile_on_cpu_workers_trains_without_xla_and_says_so(after_fit):
     # XLA compiles NCCL's collectives only: every worker failed its first step ("Only compiling NCCL/auto collective
     # is supported, got: ring"), after Keras 3's loop had logged that the steps were compiled with XLA.
-    _, out = two_workers_job
+    _, out = after_fit
     for name in ("keras", "tf_keras"):
         assert out.count(f"TRAINED {name} multi_worker_mirrored 3") == 2, out[-4000:]
     assert out.count("jit_compile=True is not applied under multi_worker_mirrored with the ring all-reduce") == 4

@@ -43,6 +43,11 @@ def base_env(**extra: str) -> dict:
     return environ
 
 
+def _importing_the_tests() -> dict:
+    """``base_env()`` for a script that imports the test modules."""
+    return base_env(PYTHONPATH=os.path.dirname(os.path.abspath(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,11 +154,27 @@ def reference_runs(tmp_path_factory):
     return get
 
 
+def launched_job(reference_runs, source: str, *, cluster, args=lambda job: ()) -> tuple:
+    """(directory, output) of one ``tfdist launch`` of the script ``source`` on ``cluster`` (launch's
+    flags), made once per suite through ``reference_runs``; several tests assert on its parts. The
+    script's arguments: the job's directory, then ``args(directory)``; it can import the tests."""
+
+    def make(job):
+        environ = _importing_the_tests()
+        with Processes() as procs:
+            out = procs.launch_script(job / "job.py", source, job, *args(job), cluster=cluster, env=environ,
+                                      timeout=540)
+        (job / "out.txt").write_text(out)
+
+    job = reference_runs(["launched job", source, *cluster], make)
+    return job, (job / "out.txt").read_text()
+
+
 def script_result(procs, script: str, *args: str, timeout: float = 280):
     """Runs Python source ``script`` with ``args`` in a fresh process that can import the tests
     (e.g. to configure logical devices before TensorFlow starts); returns the JSON it printed
     on a line starting with ``RESULT ``."""
-    environ = base_env(PYTHONPATH=os.path.dirname(__file__) + os.pathsep + base_env()["PYTHONPATH"])
+    environ = _importing_the_tests()
     code, out = procs.run([sys.executable, "-c", script, *args], timeout=timeout, env=environ)
     assert code == 0, out[-3000:]
     return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
@@ -286,7 +307,7 @@ def two_cpu_scripts(reference_runs):
         args = {"images": [write_images(str(directory / "images"))], "structured": [str(directory / "structured")]}
         plan = [[name, module, attribute, args.get(name, []), str(directory / f"{name}.out")]
                 for name, (module, attribute) in _SCRIPTS.items()]
-        environ = base_env(PYTHONPATH=os.path.dirname(os.path.abspath(__file__)) + os.pathsep + base_env()["PYTHONPATH"])
+        environ = _importing_the_tests()
         with Processes() as procs:
             code, out = procs.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
         assert code == 0, out[-4000:]

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import Processes, assert_bit_identical, base_env, checkpoint_tensors, free_port, read_json
+from conftest import assert_bit_identical, base_env, checkpoint_tensors, free_port, launched_job, read_json
 
 TRAIN = ["train", "--model", "resnet", "--epochs", "3", "--steps-per-epoch", "8", "--per-replica-batch-size", "16",
          "--seed", "1", "--deterministic", "--save-every-steps", "4", "--verbose", "0"]
@@ -260,18 +260,7 @@ for part, kerases in ((evaluate, ("keras", "tf_keras")), (callback_files, ("kera
 def after_fit_run(reference_runs):
     """The job of AFTER_FIT_SCRIPT, made once for this file and tests/test_keras3.py: its directory
     and the launch's output."""
-    import os
-
-    def make(job):
-        tests = os.path.dirname(os.path.dirname(__file__))
-        environ = base_env(PYTHONPATH=tests + os.pathsep + base_env()["PYTHONPATH"])
-        with Processes() as procs:
-            out = procs.launch_script(job / "job.py", AFTER_FIT_SCRIPT, job, cluster=SYNC_CLUSTER, env=environ,
-                                      timeout=540)
-        (job / "out.txt").write_text(out)
-
-    job = reference_runs(["tests/multiprocess/test_multi_worker.py", AFTER_FIT_SCRIPT], make)
-    return job, (job / "out.txt").read_text()
+    return launched_job(reference_runs, AFTER_FIT_SCRIPT, cluster=SYNC_CLUSTER)
 
 
 @pytest.fixture(scope="module")

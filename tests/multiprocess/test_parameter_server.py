@@ -1,12 +1,11 @@
 """parameter_server in real local processes: a chief, 2 workers and 1 ps, and a preempted restart."""
 
-import os
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import base_env, read_json
+from conftest import base_env, launched_job, read_json
 from multiprocess.test_multi_worker import part_lines
 
 TRAIN = ["train", "--model", "cnn", "--epochs", "2", "--steps-per-epoch", "10", "--batch-size", "32", "--seed", "0",
@@ -153,19 +152,8 @@ def ps_job_run(reference_runs):
     the launch's output."""
     from test_data_images import write_images
 
-    from conftest import Processes
-
-    def make(job):
-        folder = write_images(str(job / "images"))
-        tests = os.path.dirname(os.path.dirname(__file__))
-        environ = base_env(PYTHONPATH=tests + os.pathsep + base_env()["PYTHONPATH"])
-        with Processes() as procs:
-            out = procs.launch_script(job / "job.py", PS_JOB_SCRIPT, job, folder, cluster=PS_CLUSTER, env=environ,
-                                      timeout=540)
-        (job / "out.txt").write_text(out)
-
-    job = reference_runs(["tests/multiprocess/test_parameter_server.py", PS_JOB_SCRIPT], make)
-    return job, (job / "out.txt").read_text()
+    return launched_job(reference_runs, PS_JOB_SCRIPT, cluster=PS_CLUSTER,
+                        args=lambda job: [write_images(str(job / "images"))])
 
 
 @pytest.fixture(scope="module")

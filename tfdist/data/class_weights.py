@@ -91,9 +91,10 @@ class ClassWeights:
         else:
             labels = tf.reshape(y, [-1]) if kind == "column" else y
             classes = tf.cast(tf.round(labels) if labels.dtype.is_floating else labels, tf.int32)
-        table = tf.constant(self.table())
-        known = (classes >= 0) & (classes < len(table))
-        weights = tf.where(known, tf.gather(table, tf.clip_by_value(classes, 0, len(table) - 1)), 1.0)
+        values = self.table()
+        table = tf.constant(values)
+        known = (classes >= 0) & (classes < len(values))
+        weights = tf.where(known, tf.gather(table, tf.clip_by_value(classes, 0, len(values) - 1)), 1.0)
         if len(element) < 3:
             return x, y, weights
         sample_weight = element[2]

@@ -160,7 +160,11 @@ def dataset_fn(
     parameter servers), each worker runs whole steps, so worker ``w`` of ``W``
     yields the global batches of steps ``start_step + w``, ``+ W``, ... forever (the
     coordinator decides how many it runs). ``class_weight`` weighs each example by its class.
+    The dataset's functions are traced without autograph: they hold no tensor-dependent Python
+    control flow, and converting them would cost more than a second at the start of every run.
     """
+    import tensorflow as tf
+
     if isinstance(source, TFRecordSource):
         if plan.layout is None:
             raise ValueError("a file source needs a plan made by make_plan (plan.layout is None)")
@@ -172,9 +176,8 @@ def dataset_fn(
         inner = _stream_dataset_fn(source, plan, start_step=start_step, stop_step=stop_step,
                                    per_worker=per_worker)
 
+    @tf.autograph.experimental.do_not_convert  # graph building only: no tensor-dependent Python control flow
     def make(input_context=None):
-        import tensorflow as tf
-
         ds = inner(input_context)
         if class_weight is not None:
             ds = ds.map(class_weight.weigh, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -371,8 +374,8 @@ def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) 
     if isinstance(source, _INDEXED):
         gather = source.gather_fn(embed=embed)
         n = source.num_examples
-        ds = tf.data.Dataset.range(0, n, batch_size).map(
-            lambda i: gather(tf.range(i, tf.minimum(i + batch_size, n))))
+        ds = tf.data.Dataset.range(0, n, batch_size).map(tf.autograph.experimental.do_not_convert(
+            lambda i: gather(tf.range(i, tf.minimum(i + batch_size, n)))))
     elif isinstance(source, TFRecordSource):
         ds = source.records_dataset(0, source.num_records).batch(batch_size).map(
             source._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -414,6 +417,7 @@ def validation_input(source: Source, sizes: BatchSizes, *, strategy, per_worker:
     bounds = [r * n // replicas for r in range(replicas + 1)]
     steps = max(-(-(bounds[r + 1] - bounds[r]) // micro) for r in range(replicas))
 
+    @tf.autograph.experimental.do_not_convert  # graph building only: no tensor-dependent Python control flow
     def make(input_context=None):
         part = order_mod.pipeline_slice(sizes, input_context)
         first = part.pipeline_id * part.local_replicas

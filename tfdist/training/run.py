@@ -718,6 +718,7 @@ def _endless(dataset_fn):
     rank keeps the assertion (zeros of its structure are not made)."""
     import tensorflow as tf
 
+    @tf.autograph.experimental.do_not_convert  # graph building only: no tensor-dependent Python control flow
     def make(input_context=None):
         dataset = dataset_fn(input_context)
         specs = tf.nest.flatten(dataset.element_spec)

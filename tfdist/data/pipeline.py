@@ -376,9 +376,10 @@ def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) 
         n = source.num_examples
         ds = tf.data.Dataset.range(0, n, batch_size).map(tf.autograph.experimental.do_not_convert(
             lambda i: gather(tf.range(i, tf.minimum(i + batch_size, n)))))
-    elif isinstance(source, TFRecordSource):
-        ds = source.records_dataset(0, source.num_records).batch(batch_size).map(
-            source._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    elif isinstance(source, TFRecordSource):  # graph building only, as in training: no autograph
+        records = tf.autograph.experimental.do_not_convert(source.records_dataset)(0, source.num_records)
+        ds = records.batch(batch_size).map(tf.autograph.experimental.do_not_convert(source._parse),
+                                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         # Its length, known from the file index: Keras 3's evaluate warns "ran out of data" without it.
         ds = ds.apply(tf.data.experimental.assert_cardinality(-(-source.num_records // batch_size)))
     else:

@@ -59,6 +59,11 @@ def test_exit_codes_tell_bad_input_from_failures():
     assert errors.PeerUnavailableError("x").exit_code == env.EXIT_PEER_LOST
     assert errors.describe(IndexError()) == "IndexError"  # an exception without a message
     assert errors.describe(ValueError("first\nsecond")) == "ValueError: first"
+    # A graph's error lists the frames where its node was defined first: the line after them names the problem.
+    graph = ValueError("Graph execution error:\n\nDetected at node Parse defined at (most recent call last):\n"
+                       "  File \"train.py\", line 3, in parse\n\nFeature: y (data type: int64) is required.\n"
+                       "\t [[{{node Parse}}]] [Op:__inference_parse_11]")
+    assert errors.describe(graph) == "ValueError: Feature: y (data type: int64) is required."
 
 
 @pytest.mark.parametrize("argv, named", [

@@ -319,6 +319,42 @@ def test_bad_files_and_parse_functions_are_refused_with_the_fix(tmp_path, shards
         data.dataset_fn(unparsable, _plan(unparsable, replicas=1, batch=8), start_step=0)(None)
     with pytest.raises(DataError, match="streams=0"):
         data.TFRecordSource(f"{shards}/*.tfrecord", parse_ids, streams=0)
+    # parse_fn runs as a graph, in the check as in training: eager-only code is refused in one line.
+    eager_only = data.TFRecordSource(f"{shards}/*.tfrecord", lambda s: (parse_ids(s)[0].numpy(), parse_ids(s)[1]))
+    with pytest.raises(DataError, match=r"parse_fn` failed on the first records .*AttributeError: .*numpy.*"
+                                        r"runs as a graph, as in Dataset.map"):
+        eager_only.sample(1)
+
+
+def test_a_parse_fn_with_python_control_flow_on_tensors_runs_as_dataset_map_runs_it(shards):
+    import keras
+    import tensorflow as tf
+
+    import tfdist
+
+    def parse(serialized):
+        x, ids = parse_ids(serialized)
+        return x, tf.cast(ids % 10, tf.float32)
+
+    def parse_branching(serialized):  # AutoGraph makes the `if` a graph conditional, as Dataset.map does
+        x, y = parse(serialized)
+        if tf.reduce_max(x) > 1e6:  # never true on these records
+            x = x * 0.0
+        return x, y
+
+    def model():
+        built = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        built.compile("sgd", "mse")
+        return built
+
+    def run(parse_fn):
+        source = data.TFRecordSource(f"{shards}/*.tfrecord", parse_fn)
+        history = tfdist.fit(model, source, validation_data=source, epochs=1, batch_size=50, steps_per_epoch=3,
+                             seed=3, strategy="one_device", verbose=0)
+        return history.history, tfdist.evaluate(history.model, source, verbose=0)
+
+    branching = run(parse_branching)
+    assert branching == run(parse) and np.isfinite(branching[0]["val_loss"][0])
 
 
 def test_a_record_failing_its_checksum_fails_the_run_naming_its_file(tmp_path):

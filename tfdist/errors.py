@@ -88,15 +88,24 @@ _TENSORFLOW_NOISE = re.compile(r"\{\{[^}]*\}\}\s*|\s*\[Op:[^\]]*\]")
 """What TensorFlow puts before and after what names the problem: ``{{function_node ...}}``, ``[Op:...]``."""
 
 
+_FRAMES_FIRST = ("in user code:", "Graph execution error:")
+"""The first lines of TensorFlow's messages that list frames before the error: a traced function's, a graph's."""
+
+
 def describe(error: BaseException, limit: int = 200) -> str:
-    """``Type: first line of the message`` of an exception, for a one-line error (never empty),
-    without TensorFlow's function-node prefix and op suffix, which would take the room of the reason."""
+    """``Type: reason`` of an exception, for a one-line error (never empty).
+
+    The reason is the message's first line, or the line after the frames where TensorFlow lists
+    them first. TensorFlow's function-node prefix and op suffix are left out: they would take the
+    room of the reason.
+    """
     lines = [line for line in _TENSORFLOW_NOISE.sub("", str(error)).strip().splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
     line = lines[0]
-    if line.strip() == "in user code:":  # a traced function's error: the frames, then the error itself
-        line = lines[-1].strip().removeprefix(f"{type(error).__name__}: ")
+    if line.strip() in _FRAMES_FIRST:  # the frames, then the error itself, then the node that raised it
+        said = [text for text in lines if text.strip().strip("[]")]
+        line = said[-1].strip().removeprefix(f"{type(error).__name__}: ")
     if len(line) > limit and not isinstance(error, TfdistError):  # tfdist's own keep their fix
         line = line[:limit].rsplit(" ", 1)[0] + " ..."
     return f"{type(error).__name__}: {line}"

@@ -223,6 +223,7 @@ class TFRecordSource:
         # strategies must be created first, and fit creates them after the source exists.
         # parse_fn is therefore checked on first use (fit's sample, or a dataset).
         self._sample: tuple | None = None
+        self._parse_graph: Callable | None = None
 
     # --- what fit asks of every source ---------------------------------------------------------------
 
@@ -288,7 +289,7 @@ class TFRecordSource:
         return tf.nest.map_structure(lambda t: np.asarray(t), self._parse(serialized))
 
     def _parse(self, serialized):
-        out = self.parse_fn(serialized)
+        out = self._parse_as_graph()(serialized)
         if isinstance(out, (tuple, list)) and len(out) in (2, 3):
             return tuple(out)
         if not isinstance(out, (tuple, list)) or len(out) == 1:  # x alone (a tensor, a dict), as Keras' fit takes it
@@ -299,6 +300,18 @@ class TFRecordSource:
             "inputs alone for a model that needs no labels."
         )
 
+    def _parse_as_graph(self) -> Callable:
+        """``parse_fn`` as a ``tf.function``, made once.
+
+        AutoGraph converts its Python control flow on tensors, as ``tf.data.Dataset.map`` does for
+        a function it is given. The first-records check runs the same graph as training does.
+        """
+        if self._parse_graph is None:
+            import tensorflow as tf
+
+            self._parse_graph = tf.function(self.parse_fn, reduce_retracing=True)
+        return self._parse_graph
+
     def _check_parse_fn(self) -> None:
         import tensorflow as tf
 
@@ -307,7 +320,7 @@ class TFRecordSource:
             element = self._read_first(batch)
         except DataError:
             raise
-        except (tf.errors.OpError, ValueError, TypeError, KeyError) as e:
+        except (tf.errors.OpError, ValueError, TypeError, KeyError, AttributeError) as e:
             reason = describe(e, limit=300)
             spec_file = getattr(self.parse_fn, "spec_file", None)
             if spec_file:  # tfdist train --features: the user wrote a spec, not a parse_fn
@@ -317,7 +330,8 @@ class TFRecordSource:
                 ) from None
             raise DataError(
                 f"`parse_fn` failed on the first records of {self.name!r} ({reason}). "
-                "Fix: parse_fn receives a 1-D string tensor of serialized records; parse it with tf.io.parse_example."
+                "Fix: parse_fn receives a 1-D string tensor of serialized records and runs as a graph, as in "
+                "Dataset.map; parse it with tf.io.parse_example and TensorFlow ops (no .numpy())."
             ) from None
         for label, value in zip(("x", "y", "sample_weight"), element if isinstance(element, tuple) else (element,)):
             for leaf in tf.nest.flatten(value):

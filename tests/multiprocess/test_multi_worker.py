@@ -103,12 +103,12 @@ def test_a_peer_that_never_starts_gives_an_error_naming_it_within_the_timeout(pr
     ports = [free_port(), free_port()]
     start = time.monotonic()
     code, out = procs.tfdist(*TRAIN, "--output-dir", str(tmp_path), timeout=150,
-                             env=base_env(TF_CONFIG=_tf_config(ports, 0), TFDIST_STARTUP_TIMEOUT="10"))
+                             env=base_env(TF_CONFIG=_tf_config(ports, 0), TFDIST_STARTUP_TIMEOUT="3"))
     elapsed = time.monotonic() - start
     assert code == 76, out[-3000:]
     assert elapsed < 60
     line = next(line for line in out.splitlines() if line.startswith("tfdist: error:"))
-    assert f"worker:1 (127.0.0.1:{ports[1]})" in line and "did not come up within 10 s" in line
+    assert f"worker:1 (127.0.0.1:{ports[1]})" in line and "did not come up within 3 s" in line
     assert "Fix: start every task listed in TF_CONFIG (or use `tfdist launch`)" in line
 
 

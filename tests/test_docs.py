@@ -584,7 +584,7 @@ def test_the_site_renders_in_chromium(tmp_path, procs):
             return False
 
     wait_for(serving, timeout=60, what="the site's server")
-    shots = os.environ.get("DOCS_SCREENSHOTS_DIR") or tempfile.mkdtemp(prefix="tfdist-docs-screenshots-")
+    shots = os.environ.get("DOCS_SCREENSHOTS_DIR") or str(tmp_path / "screenshots")  # pytest keeps the last runs
     os.makedirs(shots, exist_ok=True)
     pages = {"home": ("", "tfdist"), "fit-reference": ("api/training/", "tfdist.fit"),
              "notebook": ("notebooks/01_quickstart/", "tfdist.fit")}

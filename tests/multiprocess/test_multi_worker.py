@@ -115,9 +115,12 @@ def test_a_peer_that_never_starts_gives_an_error_naming_it_within_the_timeout(pr
 @pytest.mark.timeout(240)
 def test_a_peer_that_dies_mid_run_ends_the_survivor_without_a_launcher(procs, tmp_path):
     ports = [free_port(), free_port()]
+    scratch = tmp_path / "tmp"  # worker:1's local copies of the checkpoints: killed and never restarted, it keeps them
+    scratch.mkdir()
     started = [
-        procs.start([sys.executable, "-m", "tfdist", *TRAIN, "--output-dir", str(tmp_path)],
-                    env=base_env(TF_CONFIG=_tf_config(ports, i), TFDIST_FAULT="worker:1/kill_at_step:6"))
+        procs.start([sys.executable, "-m", "tfdist", *TRAIN, "--output-dir", str(tmp_path / "run")],
+                    env=base_env(TF_CONFIG=_tf_config(ports, i), TFDIST_FAULT="worker:1/kill_at_step:6",
+                                 TMPDIR=str(scratch)))
         for i in range(2)
     ]
     out1, _ = started[1].communicate(timeout=200)

@@ -127,6 +127,19 @@ def test_validation_reads_every_record_once_in_batches_whose_count_keras_is_told
         model.evaluate(ds.map(lambda x, y: (x, keras.ops.cast(y, "float32"))), verbose=0)
 
 
+def test_validation_is_made_in_a_traced_function_as_parameter_server_workers_make_it(shards):
+    import tensorflow as tf
+
+    fresh = data.TFRecordSource(f"{shards}/*.tfrecord", parse_ids)  # its parse_fn not yet checked
+
+    @tf.function
+    def count():
+        ds = data.validation_dataset(fresh, 64)
+        return ds.reduce(tf.constant(0, tf.int64), lambda n, batch: n + tf.shape(batch[1], out_type=tf.int64)[0])
+
+    assert int(count()) == 1000
+
+
 def test_each_worker_reads_only_the_blocks_dealt_to_its_streams(source, two_replicas):
     plan = _plan(source, replicas=2, batch=16, shuffle=False)
     R = plan.layout.block_records

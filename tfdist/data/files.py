@@ -274,10 +274,11 @@ class TFRecordSource:
         """The first ``count`` examples, parsed (NumPy)."""
         import tensorflow as tf
 
-        if self._sample is None:
-            self._check_parse_fn()
-        if self._sample[0] < count:
-            self._sample = (count, self._read_first(count))
+        with tf.init_scope():  # eager, also where a dataset is made in a traced function (parameter-server workers)
+            if self._sample is None:
+                self._check_parse_fn()
+            if self._sample[0] < count:
+                self._sample = (count, self._read_first(count))
         return tf.nest.map_structure(lambda a: a[:count], self._sample[1])
 
     def _read_first(self, count: int) -> tuple:

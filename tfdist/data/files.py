@@ -124,6 +124,8 @@ class TFRecordSource:
       parse_fn: ``parse_fn(serialized) -> (x, y)`` or ``(x, y, sample_weight)``. ``serialized`` is
         a 1-D string tensor holding one per-replica batch of records. Return batched tensors, for
         example from ``tf.io.parse_example``. Each of ``x`` and ``y`` is a tensor or a dict of them.
+        It runs as a graph, as a function given to ``Dataset.map`` runs: AutoGraph converts its
+        Python control flow on tensors.
       streams: The number of streams the blocks are dealt to. It must divide the global batch.
         Defaults to None: the replica count of the run's first start, recorded in the checkpoint.
       block_bytes: The size of a block, in bytes. Defaults to 2 MiB.

@@ -376,7 +376,7 @@ def validation_dataset(source: Source, batch_size: int, *, embed: bool = False) 
         n = source.num_examples
         ds = tf.data.Dataset.range(0, n, batch_size).map(tf.autograph.experimental.do_not_convert(
             lambda i: gather(tf.range(i, tf.minimum(i + batch_size, n)))))
-    elif isinstance(source, TFRecordSource):  # graph building only, as in training: no autograph
+    elif isinstance(source, TFRecordSource):  # tfdist's functions without autograph, as in training (parse_fn has it)
         records = tf.autograph.experimental.do_not_convert(source.records_dataset)(0, source.num_records)
         ds = records.batch(batch_size).map(tf.autograph.experimental.do_not_convert(source._parse),
                                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -91,7 +91,7 @@ _KNOWN_TF_KERAS_PRIVATE = {
     "_symbolic_build", "_moments", "_copy_trackable_to_cpu", "_get_compile_args", "_steps_per_execution",
     "_jit_compile", "_is_graph_network", "_cluster_coordinator", "_random_generator", "_generator", "_rng_type",
     "_current_learning_rate", "_training_state", "_train_counter", "_supports_tf_logs", "_built",
-    "_chief_worker_only", "_trackable_children", "_lookup_dependency",
+    "_chief_worker_only", "_trackable_children", "_lookup_dependency", "_SEED_GENERATOR",
 }
 # Reaching into another module's frames (to find TensorFlow's objects there) is _compat's job too.
 _FRAME_ATTRIBUTES = {"f_locals", "tb_frame"}

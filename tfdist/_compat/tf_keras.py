@@ -44,6 +44,23 @@ def cluster_coordinator(model: Any) -> Any:
     return private(model, "_cluster_coordinator", "tf_keras.cluster_coordinator")
 
 
+def seed_layer_seeds(tf_keras: Any, seed: int) -> None:
+    """Seeds the generator tf_keras draws its layers' missing seeds from, as
+    ``tf_keras.utils.set_random_seed(seed)`` does, without reseeding Python, NumPy and TensorFlow.
+
+    Reaches ``_SEED_GENERATOR`` (a thread-local) in ``tf_keras.src.backend``. tfdist seeds it when
+    tf_keras is imported after ``fit`` seeded everything else; the public function would reseed
+    the generators that have drawn since.
+    """
+    import random
+
+    try:
+        from tf_keras.src import backend
+    except ImportError:
+        raise missing("tf_keras.seed_layer_seeds", "tf_keras.src.backend") from None
+    private(backend, "_SEED_GENERATOR", "tf_keras.seed_layer_seeds").generator = random.Random(seed)
+
+
 def random_generator(layer: Any) -> tuple[Any, bool]:
     """(the layer's ``tf.random.Generator`` or None, whether it draws from TensorFlow's global state).
 

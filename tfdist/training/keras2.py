@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import types
 from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist._compat import keras_common as keras_compat
 from tfdist._compat import tf_keras as tf_keras_compat
+from tfdist._imports import when_imported
 from tfdist.errors import ModelError
 from tfdist.strategy_kinds import wrap
 from tfdist.training.adapter import KerasAdapter
@@ -73,20 +75,27 @@ def _gpu_capabilities() -> list[tuple[int, int]]:
 
 @contextlib.contextmanager
 def precision_policy(precision: str):
-    """Sets the Keras dtype policy while the model is built, then restores the previous one."""
-    import tf_keras
-
+    """Sets tf_keras' dtype policy while the model is built, then restores the previous one.
+    tf_keras, if not imported yet, gets the policy when the build imports it."""
     _checks.check_choice("mixed_precision", precision, PRECISIONS, error=ModelError)
-    previous = tf_keras.mixed_precision.global_policy()
     if precision != "float32":
         warning = precision_warning(precision, gpu_capabilities=_gpu_capabilities())
         if warning:
             log.warning("%s", warning)
-        tf_keras.mixed_precision.set_global_policy(precision)
+    building, previous = [True], []
+
+    def set_policy(tf_keras) -> None:
+        if building:
+            previous.append(tf_keras.mixed_precision.global_policy())
+            tf_keras.mixed_precision.set_global_policy(precision)
+
+    when_imported("tf_keras", set_policy)
     try:
         yield
     finally:
-        tf_keras.mixed_precision.set_global_policy(previous)
+        building.clear()
+        if previous:
+            sys.modules["tf_keras"].mixed_precision.set_global_policy(previous[0])
 
 
 def settle(model) -> None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from typing import Any, Sequence
 
 from tfdist import _checks
 from tfdist import strategy as strategy_mod
 from tfdist._compat import keras_common as keras_compat
+from tfdist._compat import tf_keras as tf_keras_compat
+from tfdist._imports import when_imported
 from tfdist.errors import ModelError
 from tfdist.training import keras2, keras3, keras_common
 
@@ -51,11 +54,14 @@ def check_callbacks(callbacks: Sequence[Any] | None) -> None:
 
 def set_seed(seed: int) -> None:
     """Seeds Python, NumPy and TensorFlow, and both Kerases' own generators (call it before building:
-    a Keras 3 layer without a seed takes its initial one from Python's generator)."""
+    a Keras 3 layer without a seed takes its initial one from Python's generator). tf_keras, if
+    not imported yet, gets its seed when something imports it."""
     import keras
-    import tf_keras
 
-    tf_keras.utils.set_random_seed(seed)
+    if "tf_keras" in sys.modules:
+        sys.modules["tf_keras"].utils.set_random_seed(seed)
+    else:
+        when_imported("tf_keras", lambda tf_keras: tf_keras_compat.seed_layer_seeds(tf_keras, seed))
     keras.utils.set_random_seed(seed)
 
 
@@ -124,12 +130,10 @@ def resolve(model: Any, strategy, *, precision: str = "float32"):
     the ``precision`` policy), or a compiled model (rebuilt inside the scope if it was created
     outside it).
     """
-    import tf_keras
-
     _checks.check_choice("mixed_precision", precision, PRECISIONS, error=ModelError)
     # tf_keras' dropout and augmentation layers then keep their random state in
     # tf.random.Generator variables, which tfdist checkpoints.
-    tf_keras.backend.experimental.enable_tf_random_generator()
+    when_imported("tf_keras", lambda tf_keras: tf_keras.backend.experimental.enable_tf_random_generator())
     if callable(model) and not is_model(model):
         with precision_policy(precision), keras3.building_scope(strategy):
             try:

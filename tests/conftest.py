@@ -48,7 +48,7 @@ def _no_automatic_garbage_collection():
 
 _collector: threading.Thread | None = None
 _tests_run = 0
-_FULL_COLLECTION_EVERY = 25  # tests; the young generations are collected after each
+_FULL_COLLECTION_EVERY = 50  # tests; the young generations are collected after each
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def _garbage_collected_between_tests():
     thread can sleep for up to a minute before it sees the cancellation. The wait releases the
     GIL, so on its own thread it holds up nothing else. The next test starts when the collection
     is done, or after 5 s while it waits. A full collection walks every object the process
-    holds, so it runs every 25 tests; the others collect the young generations.
+    holds, so it runs every 50 tests; the others collect the young generations.
     """
     yield
     global _collector, _tests_run

@@ -4,9 +4,11 @@ runs, every public symbol documents every parameter, and the built site renders 
 from __future__ import annotations
 
 import ast
+import contextlib
 import glob
 import html.parser
 import importlib.util
+import io
 import json
 import os
 import re
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import traceback
 import urllib.parse
 import urllib.request
 
@@ -135,14 +138,38 @@ def _run(args, *, cwd, timeout, what):
 RUNNABLE = [p for p in PAGES if any(_runnable(p))]
 
 
+# Blocks that configure TensorFlow's runtime, which only a process that has not started it can do.
+FRESH_RUNTIME = re.compile(r"\bsplit_cpu\(")
+
+
+def _run_here(code: str, *, what: str) -> str:
+    """Runs Python ``code`` as ``__main__`` in this process and returns what it printed."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, f"<{what}>", "exec"), {"__name__": "__main__"})
+    except BaseException:  # a page's SystemExit or KeyboardInterrupt fails its test, not the run
+        pytest.fail(f"{what} failed; output:\n{printed.getvalue()[-3000:]}\n{traceback.format_exc()[-6000:]}")
+    return printed.getvalue()
+
+
 @pytest.mark.parametrize("page", RUNNABLE)
-def test_code_blocks_run(page, tmp_path):
-    """The page's python blocks, in order, as one script; then its bash blocks, in order."""
+def test_code_blocks_run(page, tmp_path, monkeypatch):
+    """The page's python blocks, in order, as one script; then its bash blocks, in order.
+
+    The python blocks run in this process, which has imported TensorFlow already, in a directory of
+    their own; blocks that configure TensorFlow's runtime run in a fresh process."""
     python, bash = _runnable(page)
     if python:
         script = tmp_path / "blocks.py"
         script.write_text(python)
-        _run([sys.executable, str(script)], cwd=tmp_path, timeout=600, what=f"the python blocks of {page}")
+        what = f"the python blocks of {page}"
+        if FRESH_RUNTIME.search(python):
+            _run([sys.executable, str(script)], cwd=tmp_path, timeout=600, what=what)
+        else:
+            monkeypatch.chdir(tmp_path)
+            monkeypatch.setattr(sys, "argv", [str(script)])
+            _run_here(python, what=what)
     if bash:
         script = tmp_path / "blocks.sh"
         script.write_text("set -euo pipefail\n" + bash)

@@ -23,6 +23,11 @@ import pytest
 _CONTRACT_PREFIXES = ("TF_CONFIG", "SLURM_", "TFDIST_")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The suite starts about 300 Python processes that import the same modules of the repository: they
+# cache the compiled bytecode (__pycache__, which git ignores) even where PYTHONDONTWRITEBYTECODE is set.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 def _contract_env() -> dict:
     return {k: v for k, v in os.environ.items() if k.startswith(_CONTRACT_PREFIXES)}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 from typing import Any, Sequence
 
 from tfdist import _checks
@@ -54,14 +53,11 @@ def check_callbacks(callbacks: Sequence[Any] | None) -> None:
 
 def set_seed(seed: int) -> None:
     """Seeds Python, NumPy and TensorFlow, and both Kerases' own generators (call it before building:
-    a Keras 3 layer without a seed takes its initial one from Python's generator). tf_keras, if
-    not imported yet, gets its seed when something imports it."""
+    a Keras 3 layer without a seed takes its initial one from Python's generator). tf_keras' own
+    generator is seeded now if tf_keras is imported, else when something imports it."""
     import keras
 
-    if "tf_keras" in sys.modules:
-        sys.modules["tf_keras"].utils.set_random_seed(seed)
-    else:
-        when_imported("tf_keras", lambda tf_keras: tf_keras_compat.seed_layer_seeds(tf_keras, seed))
+    when_imported("tf_keras", lambda tf_keras: tf_keras_compat.seed_layer_seeds(tf_keras, seed))
     keras.utils.set_random_seed(seed)
 
 

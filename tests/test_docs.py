@@ -142,15 +142,14 @@ RUNNABLE = [p for p in PAGES if any(_runnable(p))]
 FRESH_RUNTIME = re.compile(r"\bsplit_cpu\(")
 
 
-def _run_here(code: str, *, what: str) -> str:
-    """Runs Python ``code`` as ``__main__`` in this process and returns what it printed."""
+def _run_here(code: str, *, what: str) -> None:
+    """Runs Python ``code`` as ``__main__`` in this process; a failure shows what it printed."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
             exec(compile(code, f"<{what}>", "exec"), {"__name__": "__main__"})
     except BaseException:  # a page's SystemExit or KeyboardInterrupt fails its test, not the run
         pytest.fail(f"{what} failed; output:\n{printed.getvalue()[-3000:]}\n{traceback.format_exc()[-6000:]}")
-    return printed.getvalue()
 
 
 @pytest.mark.parametrize("page", RUNNABLE)

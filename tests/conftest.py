@@ -52,7 +52,7 @@ def _no_automatic_garbage_collection():
 
 
 _collector: threading.Thread | None = None
-_tests_run = 0
+_tests_since_full_collection = 0
 _FULL_COLLECTION_EVERY = 50  # tests; the young generations are collected after each
 
 
@@ -63,16 +63,20 @@ def _garbage_collected_between_tests():
     Freeing a ``tf.data`` iterator waits for its autotuning thread, and on a busy machine that
     thread can sleep for up to a minute before it sees the cancellation. The wait releases the
     GIL, so on its own thread it holds up nothing else. The next test starts when the collection
-    is done, or after 5 s while it waits. A full collection walks every object the process
-    holds, so it runs every 50 tests; the others collect the young generations.
+    is done, or after 5 s while it waits; while a collection still waits, the tests after it
+    start at once and the next collection starts after it. A full collection walks every object
+    the process holds, so it runs every 50 tests; the others collect the young generations.
     """
     yield
-    global _collector, _tests_run
-    _tests_run += 1
-    generation = 2 if _tests_run % _FULL_COLLECTION_EVERY == 0 else 1
-    if _collector is None or not _collector.is_alive():
-        _collector = threading.Thread(target=gc.collect, args=(generation,), name="collect-garbage", daemon=True)
-        _collector.start()
+    global _collector, _tests_since_full_collection
+    _tests_since_full_collection += 1
+    if _collector is not None and _collector.is_alive():
+        return
+    generation = 1
+    if _tests_since_full_collection >= _FULL_COLLECTION_EVERY:
+        generation, _tests_since_full_collection = 2, 0
+    _collector = threading.Thread(target=gc.collect, args=(generation,), name="collect-garbage", daemon=True)
+    _collector.start()
     _collector.join(timeout=5)
 
 

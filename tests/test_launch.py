@@ -477,7 +477,7 @@ def test_a_bad_input_exit_ends_the_launch_at_once_without_restarts(task_script, 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ps", [0, 1])
 @pytest.mark.parametrize("how", ["sigint", "130"])
-def test_a_task_stopped_by_ctrl_c_ends_the_launch_without_restarts(task_script, tmp_path, ps, how, caplog):
+def test_a_task_stopped_by_ctrl_c_ends_the_launch_without_restarts(task_script, tmp_path, ps, how, caplog, ctrl_c):
     # Ctrl-C to one task (kill -INT): fit saves the step and re-raises; a script dies of SIGINT,
     # tfdist train exits 130. The user asked the run to stop: no restart, whole or lone.
     die = "os.kill(os.getpid(), signal.SIGINT)" if how == "sigint" else "sys.exit(130)"

@@ -356,7 +356,7 @@ def test_a_preemption_without_a_checkpoint_dir_does_not_claim_a_save(monkeypatch
 
 
 @pytest.mark.timeout(240)
-def test_ctrl_c_to_tfdist_train_piped_into_tee_saves_its_step_and_exits_130(procs, tmp_path):
+def test_ctrl_c_to_tfdist_train_piped_into_tee_saves_its_step_and_exits_130(procs, tmp_path, ctrl_c):
     # A terminal's Ctrl-C reaches the whole pipeline `tfdist train ... 2>&1 | tee log`: tee is gone first, and the
     # next write raised BrokenPipeError mid-step, before the step was saved: exit 1 with a traceback.
     import sys

@@ -322,7 +322,7 @@ def test_the_startup_watchdog_kills_a_process_stuck_past_its_timeout(procs, time
 
 
 @pytest.mark.timeout(120)
-def test_a_serving_ps_task_stops_at_ctrl_c_and_says_a_fault_aimed_at_it_never_fires(procs, tmp_path):
+def test_a_serving_ps_task_stops_at_ctrl_c_and_says_a_fault_aimed_at_it_never_fires(procs, tmp_path, ctrl_c):
     # A ps or parameter-server worker task serves until stopped; Ctrl-C in its terminal stops it
     # (TensorFlow's server.join() waits where Python's SIGINT handler never runs).
     ports = [free_port() for _ in range(3)]

@@ -67,7 +67,9 @@ for form in forms:
                                   "loss": history.history["loss"]}), flush=True)
 '''
 
-CLUSTER = ["--workers", "2", "--max-restarts", "1"]
+# --grace 3: the survivor of a SIGKILLed peer waits in its all-reduce until TensorFlow's coordination
+# service declares the peer lost (about 10 s); it cannot save without it, so a short grace restarts sooner.
+CLUSTER = ["--workers", "2", "--max-restarts", "1", "--grace", "3"]
 
 
 @pytest.fixture(scope="module")

@@ -73,11 +73,9 @@ CLUSTER = ["--workers", "2", "--max-restarts", "1", "--grace", "3"]
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    """4 TFRecord files of 128 examples (x: 4 floats, y: a class of 2)."""
-    directory = tmp_path_factory.mktemp("records")
-    write_records(directory, per_file=128, seed=0)
-    return directory
+def records(reference_runs):
+    """4 TFRecord files of 128 examples (x: 4 floats, y: a class of 2), written once for both xdist workers."""
+    return reference_runs(["user pipeline records"], lambda directory: write_records(directory, per_file=128, seed=0))
 
 
 def _results(out: str, form: str) -> list:
@@ -86,16 +84,19 @@ def _results(out: str, form: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory, records):
-    """One uninterrupted job of two workers that trains both forms, one after the other: its
-    checkpoint directory (a subdirectory a form) and its output."""
+def references(reference_runs, records):
+    """One uninterrupted job of two workers that trains both forms, one after the other, made once
+    for both xdist workers: its checkpoint directory (a subdirectory a form) and its output."""
     from conftest import Processes
 
-    directory = tmp_path_factory.mktemp("reference")
-    with Processes() as procs:
-        out = procs.launch_script(directory / "train.py", SCRIPT, records, directory / "checkpoints", "batched,fn", 2,
-                                  cluster=CLUSTER, timeout=500)
-    return directory / "checkpoints", out
+    def make(directory):
+        with Processes() as procs:
+            out = procs.launch_script(directory / "train.py", SCRIPT, records, directory / "checkpoints", "batched,fn",
+                                      2, cluster=CLUSTER, timeout=500)
+        (directory / "out.txt").write_text(out)
+
+    directory = reference_runs(["user pipeline reference", SCRIPT, str(records), *CLUSTER], make)
+    return directory / "checkpoints", (directory / "out.txt").read_text()
 
 
 @pytest.mark.timeout(900)

@@ -3,6 +3,7 @@ a callback that crashes a run."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gc
 import hashlib
@@ -349,10 +350,9 @@ _RUN_SCRIPTS = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="session")
-def two_cpu_scripts(reference_runs):
-    """``result(name)``: the JSON that the script ``name`` of ``_SCRIPTS`` printed on its
-    ``RESULT`` line, all of them run once per suite in one process with two logical CPUs."""
+def _two_cpu_directory(reference_runs, procs: "Processes | None" = None):
+    """The directory of the outputs of every script of ``_SCRIPTS``, run once per suite in one
+    process with two logical CPUs; ``procs`` starts that process (default: processes of its own)."""
     from test_data_images import write_images
 
     def make(directory):
@@ -360,11 +360,41 @@ def two_cpu_scripts(reference_runs):
         plan = [[name, module, attribute, args.get(name, []), str(directory / f"{name}.out")]
                 for name, (module, attribute) in _SCRIPTS.items()]
         environ = _importing_the_tests()
-        with Processes() as procs:
-            code, out = procs.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
+        with Processes() if procs is None else contextlib.nullcontext(procs) as started:
+            code, out = started.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
         assert code == 0, out[-4000:]
 
-    directory = reference_runs(["two logical CPUs", sorted(_SCRIPTS.items())], make)
+    return reference_runs(["two logical CPUs", sorted(_SCRIPTS.items())], make)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _two_cpu_scripts_started_early(request, reference_runs):
+    """Starts the process of ``two_cpu_scripts`` on a thread when the session begins, if a collected
+    test needs it: the worker runs other tests meanwhile instead of waiting for it later. A failure
+    here is left to ``two_cpu_scripts``, which runs the scripts again and fails its test."""
+    if not any("two_cpu_scripts" in item.fixturenames for item in request.session.items):
+        yield
+        return
+    procs = Processes()
+
+    def start():
+        try:
+            _two_cpu_directory(reference_runs, procs)
+        except BaseException:  # noqa: BLE001 -- reported by the test that needs it
+            pass
+
+    thread = threading.Thread(target=start, name="two-cpu-scripts", daemon=True)
+    thread.start()
+    yield
+    procs.close()
+    thread.join(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def two_cpu_scripts(reference_runs):
+    """``result(name)``: the JSON that the script ``name`` of ``_SCRIPTS`` printed on its
+    ``RESULT`` line, all of them run once per suite in one process with two logical CPUs."""
+    directory = _two_cpu_directory(reference_runs)
 
     def result(name):
         printed = (directory / f"{name}.out").read_text()

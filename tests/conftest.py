@@ -350,16 +350,18 @@ _RUN_SCRIPTS = textwrap.dedent(
 )
 
 
-def _two_cpu_directory(reference_runs, procs: "Processes | None" = None):
+def _two_cpu_directory(reference_runs, procs: "Processes | None" = None, environ: dict | None = None):
     """The directory of the outputs of every script of ``_SCRIPTS``, run once per suite in one
-    process with two logical CPUs; ``procs`` starts that process (default: processes of its own)."""
+    process with two logical CPUs; ``procs`` starts that process (default: processes of its own)
+    with ``environ`` (default: ``_importing_the_tests()``)."""
     from test_data_images import write_images
+
+    environ = environ or _importing_the_tests()
 
     def make(directory):
         args = {"images": [write_images(str(directory / "images"))], "structured": [str(directory / "structured")]}
         plan = [[name, module, attribute, args.get(name, []), str(directory / f"{name}.out")]
                 for name, (module, attribute) in _SCRIPTS.items()]
-        environ = _importing_the_tests()
         with Processes() if procs is None else contextlib.nullcontext(procs) as started:
             code, out = started.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
         assert code == 0, out[-4000:]
@@ -375,11 +377,11 @@ def _two_cpu_scripts_started_early(request, reference_runs):
     if not any("two_cpu_scripts" in item.fixturenames for item in request.session.items):
         yield
         return
-    procs = Processes()
+    procs, environ = Processes(), _importing_the_tests()  # read now: a test may patch the environment later
 
     def start():
         try:
-            _two_cpu_directory(reference_runs, procs)
+            _two_cpu_directory(reference_runs, procs, environ)
         except BaseException:  # noqa: BLE001 -- reported by the test that needs it
             pass
 

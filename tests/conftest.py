@@ -207,6 +207,12 @@ def reference_runs(tmp_path_factory):
     return get
 
 
+# A SIGKILL drill of a synchronous cluster launches with this --grace. The survivor of a SIGKILLed
+# peer waits in its all-reduce until TensorFlow's coordination service declares the peer lost (about
+# 10 s), and it cannot save meanwhile: a longer grace only delays the cluster's restart.
+SIGKILL_DRILL_GRACE = ("--grace", "3")
+
+
 def launched_job(reference_runs, source: str, *, cluster, args=lambda job: ()) -> tuple:
     """(directory, output) of one ``tfdist launch`` of the script ``source`` on ``cluster`` (launch's
     flags), made once per suite through ``reference_runs``; several tests assert on its parts. The

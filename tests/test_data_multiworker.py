@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors
+from conftest import SIGKILL_DRILL_GRACE, assert_bit_identical, base_env, checkpoint_tensors
 from test_data_files import write_digits
 
 TRAIN = ["train", "--model", "cnn", "--epochs", "2", "--steps-per-epoch", "8", "--per-replica-batch-size", "16",
@@ -13,11 +13,9 @@ TRAIN = ["train", "--model", "cnn", "--epochs", "2", "--steps-per-epoch", "8", "
 
 
 def _launch(procs, out_dir, digits, fault=None):
-    # --grace 3: the survivor of a SIGKILLed peer waits in its all-reduce until TensorFlow's coordination
-    # service declares the peer lost (about 10 s); it cannot save without it, so a short grace restarts sooner.
     environ = base_env(**({"TFDIST_FAULT": fault} if fault else {}))
     return procs.tfdist(
-        "launch", "--workers", "2", "--max-restarts", "2", "--grace", "3", "--",
+        "launch", "--workers", "2", "--max-restarts", "2", *SIGKILL_DRILL_GRACE, "--",
         sys.executable, "-m", "tfdist", *TRAIN, "--data", digits["train"], "--features", digits["features"],
         "--validation-data", digits["validation"], "--output-dir", str(out_dir), timeout=400, env=environ,
     )

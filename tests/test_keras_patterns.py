@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors, read_json
+from conftest import SIGKILL_DRILL_GRACE, assert_bit_identical, base_env, checkpoint_tensors, read_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "keras_patterns.py")
@@ -83,11 +83,10 @@ keras_patterns.fit("gan", "multi_worker_mirrored", os.path.join(root, "killed"))
 
 def test_a_gan_under_two_launched_workers_resumes_bit_identical_after_a_sigkill(procs, tmp_path):
     # One launched job: the workers train the reference, then the run worker 1 kills itself in;
-    # the restarted cluster resumes that run. --grace 3: the survivor waits in its all-reduce until
-    # TensorFlow's coordination service declares its peer lost (about 10 s) and cannot save meanwhile.
+    # the restarted cluster resumes that run.
     kill_at = random.randint(3, STEPS - 1)
-    out = procs.launch_script(tmp_path / "gan.py", _LAUNCHED_GAN, tmp_path, cluster=["--workers", "2", "--grace", "3"], timeout=300,
-                              env=_env(TFDIST_FAULT=f"worker:1/kill_at_step:{kill_at}"))
+    out = procs.launch_script(tmp_path / "gan.py", _LAUNCHED_GAN, tmp_path, cluster=["--workers", "2", *SIGKILL_DRILL_GRACE],
+                              timeout=300, env=_env(TFDIST_FAULT=f"worker:1/kill_at_step:{kill_at}"))
     assert f"kill_at_step at step {kill_at}" in out and "1 cluster restart(s)" in out, out[-4000:]
     assert_bit_identical(checkpoint_tensors(str(tmp_path / "reference")), checkpoint_tensors(str(tmp_path / "killed")))
 

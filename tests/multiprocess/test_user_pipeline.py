@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import assert_bit_identical, base_env, checkpoint_tensors
+from conftest import SIGKILL_DRILL_GRACE, assert_bit_identical, base_env, checkpoint_tensors
 from test_data_user_pipeline import write_records
 
 # argv: data dir, checkpoint dir ('-' for none; each form trains in its subdirectory), forms (batched, fn or
@@ -67,9 +67,7 @@ for form in forms:
                                   "loss": history.history["loss"]}), flush=True)
 '''
 
-# --grace 3: the survivor of a SIGKILLed peer waits in its all-reduce until TensorFlow's coordination
-# service declares the peer lost (about 10 s); it cannot save without it, so a short grace restarts sooner.
-CLUSTER = ["--workers", "2", "--max-restarts", "1", "--grace", "3"]
+CLUSTER = ["--workers", "2", "--max-restarts", "1", *SIGKILL_DRILL_GRACE]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ a callback that crashes a run."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import gc
 import hashlib
@@ -356,20 +355,16 @@ _RUN_SCRIPTS = textwrap.dedent(
 )
 
 
-def _two_cpu_directory(reference_runs, procs: "Processes | None" = None, environ: dict | None = None):
-    """The directory of the outputs of every script of ``_SCRIPTS``, run once per suite in one
-    process with two logical CPUs; ``procs`` starts that process (default: processes of its own)
-    with ``environ`` (default: ``_importing_the_tests()``)."""
+def _two_cpu_directory(reference_runs, procs: Processes, environ: dict):
+    """The directory of the outputs of every script of ``_SCRIPTS``, run once per suite by ``procs``
+    in one process with two logical CPUs and the environment ``environ``."""
     from test_data_images import write_images
-
-    environ = environ or _importing_the_tests()
 
     def make(directory):
         args = {"images": [write_images(str(directory / "images"))], "structured": [str(directory / "structured")]}
         plan = [[name, module, attribute, args.get(name, []), str(directory / f"{name}.out")]
                 for name, (module, attribute) in _SCRIPTS.items()]
-        with Processes() if procs is None else contextlib.nullcontext(procs) as started:
-            code, out = started.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
+        code, out = procs.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
         assert code == 0, out[-4000:]
 
     return reference_runs(["two logical CPUs", sorted(_SCRIPTS.items())], make)
@@ -402,7 +397,8 @@ def _two_cpu_scripts_started_early(request, reference_runs):
 def two_cpu_scripts(reference_runs):
     """``result(name)``: the JSON that the script ``name`` of ``_SCRIPTS`` printed on its
     ``RESULT`` line, all of them run once per suite in one process with two logical CPUs."""
-    directory = _two_cpu_directory(reference_runs)
+    with Processes() as procs:
+        directory = _two_cpu_directory(reference_runs, procs, _importing_the_tests())
 
     def result(name):
         printed = (directory / f"{name}.out").read_text()

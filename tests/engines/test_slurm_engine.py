@@ -193,18 +193,22 @@ def test_two_workers_train_and_a_time_limit_signal_in_start_up_and_in_training_r
 @pytest.mark.timeout(600)
 def test_scancel_leaves_a_checkpoint_of_the_step_the_tasks_stopped_at(slurm):
     # scancel sends SIGTERM to every task (SIGKILL after KillWait): each saves at the end of its step.
-    # srun is cancelled too, so the tasks' last lines (and exit codes) do not reach the job's log, and
-    # the line that says the signal arrived reaches it from one task or from both.
+    # srun is cancelled too, so what the tasks print after the signal may never reach the job's log:
+    # the line that says the signal arrived is read from the tasks' own log files.
     run_dir = slurm.directory / "cancelled"
-    job, _ = slurm.submit("cancelled", run_dir, STEP_SECONDS="0.3")
+    task_log = slurm.directory / "cancelled-task-{rank}.log"
+    job, _ = slurm.submit("cancelled", run_dir, STEP_SECONDS="0.3", TASK_LOG=str(task_log))
     before = wait_for(lambda: _saved_steps(run_dir) if (_saved_steps(run_dir) or 0) >= 10 else None, timeout=180,
                       what="the job's first checkpoint")
     slurm.run("scancel", job)
     slurm.wait_state(job, "CANCELLED", timeout=120)
-    log = slurm.log("cancelled").read_text()
-    assert log.count("SIGTERM received: saving at the end of the current step, then exiting") in (1, 2), log[-4000:]
+    logs = [pathlib.Path(str(task_log).format(rank=rank)).read_text() for rank in (0, 1)]
+    said = sum(text.count("SIGTERM received: saving at the end of the current step, then exiting") for text in logs)
+    assert said in (1, 2), (logs, slurm.log("cancelled").read_text()[-4000:])
     saved = _saved_steps(run_dir)
     assert before < saved < before + 10, (before, saved)  # saved on SIGTERM, not by --save-every-steps 10
+    for text in logs:  # both tasks saved that step together
+        assert re.search(rf"preempted by (SIGTERM|another worker's signal): saved at step {saved};", text), logs
 
 
 @pytest.mark.timeout(600)

@@ -339,6 +339,8 @@ _RUN_SCRIPTS = textwrap.dedent(
     import tfdist
     tfdist.split_cpu(2)
     import keras, tf_keras
+    from test_data_images import write_images
+    write_images(sys.argv[2])
     for name, module, attribute, args, path in json.loads(sys.argv[1]):
         keras.backend.clear_session()
         tf_keras.backend.clear_session()
@@ -357,14 +359,17 @@ _RUN_SCRIPTS = textwrap.dedent(
 
 def _two_cpu_directory(reference_runs, procs: Processes, environ: dict):
     """The directory of the outputs of every script of ``_SCRIPTS``, run once per suite by ``procs``
-    in one process with two logical CPUs and the environment ``environ``."""
-    from test_data_images import write_images
+    in one process with two logical CPUs and the environment ``environ``. That process also writes
+    the images the ``images`` script reads: nothing here imports TensorFlow or starts its runtime,
+    so this can run on a thread beside the tests."""
 
     def make(directory):
-        args = {"images": [write_images(str(directory / "images"))], "structured": [str(directory / "structured")]}
+        images = str(directory / "images")
+        args = {"images": [images], "structured": [str(directory / "structured")]}
         plan = [[name, module, attribute, args.get(name, []), str(directory / f"{name}.out")]
                 for name, (module, attribute) in _SCRIPTS.items()]
-        code, out = procs.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan)], timeout=600, env=environ)
+        code, out = procs.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps(plan), images], timeout=600,
+                              env=environ)
         assert code == 0, out[-4000:]
 
     return reference_runs(["two logical CPUs", sorted(_SCRIPTS.items())], make)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import random
 import re
 import socket
 import subprocess
@@ -49,12 +50,15 @@ WARN = 120  # --signal=USR1@120: a limit set to end 60-120 s from now makes Slur
 
 
 def _free_port_base(count: int) -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count < 65535 and all(_free(base + i) for i in range(count)):
+    """The first of ``count`` free ports below the kernel's ephemeral range. srun listens on ports of
+    that range, chosen when it starts: a base taken from it could be srun's by the time the tasks
+    bind it, and their peers would then send TensorFlow's messages to srun."""
+    low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(1000):
+        base = random.randrange(max(1024, low - 12000), low - count)
+        if all(_free(base + i) for i in range(count)):
             return base
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
 
 
 def _free(port: int) -> bool:

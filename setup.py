@@ -27,7 +27,6 @@ setup(
         "absl-py>=1.0",
         "tensorboard>=2.16",
         "pyyaml>=6.0",
-        "matplotlib>=3.7",
     ],
     extras_require={
         "test": [
@@ -40,12 +39,16 @@ setup(
             "mlflow-skinny>=2.9",
         ],
         "mlflow": ["mlflow-skinny>=2.9"],
+        # tfdist plan --plot and the notebooks' figures. Not a dependency: Keras imports
+        # matplotlib.pyplot whenever it is installed, about 0.4 s of every process's start.
+        "plot": ["matplotlib>=3.7"],
         "docs": [
             "mkdocs>=1.6",
             "mkdocs-material>=9.5",
             "mkdocstrings[python]>=0.26",
             "mkdocs-jupyter>=0.25",
             "black>=24",  # mkdocstrings formats the long signatures with it
+            "matplotlib>=3.7",  # the plots of the benchmark tables (docs_tools/hooks.py)
         ],
         # tfdist.fit inside Ray Train's TensorflowTrainer (docs/ray.md).
         "ray": ["ray[train]>=2.50"],

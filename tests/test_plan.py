@@ -345,6 +345,7 @@ def test_python_plan_takes_counts_as_text_as_the_command_line_does():
         plan(samples="many", micro_batch_size=10)
 
 
+@pytest.mark.plot
 def test_cli_plot_writes_a_png(tmp_path, capsys):
     path = tmp_path / "scaling.png"
     argv = [
@@ -357,6 +358,7 @@ def test_cli_plot_writes_a_png(tmp_path, capsys):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.plot
 def test_cli_plot_needs_a_step_time(tmp_path, capsys):
     assert main(["plan", "--samples", "1000", "--micro-batch", "10", "--plot", str(tmp_path / "x.png")]) == 2
     assert "--step-time" in capsys.readouterr().err
@@ -458,6 +460,16 @@ def test_cli_plot_refuses_a_folder_and_writes_nothing(tmp_path, capsys):
     assert not tmp_path.with_suffix(".png").exists()
 
 
+def test_cli_plot_without_matplotlib_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    assert main(["plan", *_TIMED, "--plot", str(tmp_path / "x.png")]) == 2
+    line = _one_line_error(capsys)
+    assert "`--plot` needs matplotlib, which is not installed" in line and f"--plot='{tmp_path / 'x.png'}'" in line
+    assert "Fix: pip install 'tfdist[plot]'" in line
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.plot
 def test_cli_plot_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
     import matplotlib.figure
 

@@ -1,12 +1,13 @@
 """``tfdist plan``: batch sizes, steps, memory, checkpoint cost and time of a run, before it starts.
 
 Without ``--measure`` (and without ``--model``) this command imports neither TensorFlow
-nor anything that does; ``--plot`` imports matplotlib only.
+nor anything that does; ``--plot`` imports matplotlib only (the ``plot`` extra).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -82,7 +83,8 @@ def register(subparsers) -> None:
     ckpt.add_argument("--write-bandwidth", metavar="B/s", help="storage bandwidth (default: the required one)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
-    out.add_argument("--plot", metavar="FILE.png", help="draw time and scaling efficiency against GPUs")
+    out.add_argument("--plot", metavar="FILE.png",
+                     help="draw time and scaling efficiency against GPUs (needs matplotlib: the plot extra)")
     out.add_argument("--max-gpus", metavar="N", help="largest GPU count of --plot (default max(64, replicas))")
     parser.set_defaults(func=run)
 
@@ -111,8 +113,9 @@ def _option(args: argparse.Namespace, attr: str, parse=parse_count, *, positive:
     return value
 
 
-def _check_plot_path(path: str) -> None:
-    """Refuses a ``--plot`` that could not be written as named: a folder, a missing folder, not .png."""
+def _check_plot(path: str) -> None:
+    """Refuses a ``--plot`` that could not be drawn or written as named: a folder, a missing folder,
+    not .png, or no matplotlib installed."""
     folder = os.path.dirname(path) or "."
     if os.path.isdir(path):
         reason = "a folder"
@@ -120,12 +123,24 @@ def _check_plot_path(path: str) -> None:
         reason = "not a .png file name"
     elif not os.path.isdir(folder):
         reason = f"its folder {folder!r} does not exist"
+    elif not _matplotlib_installed():
+        raise PlanError(
+            f"`--plot` needs matplotlib, which is not installed; received --plot={path!r}. "
+            "Fix: pip install 'tfdist[plot]', or leave out --plot."
+        )
     else:
         return
     raise PlanError(
         f"Invalid `--plot`; received --plot={path!r}, {reason}. "
         "Fix: pass a file name ending in .png in an existing folder, e.g. --plot scaling.png."
     )
+
+
+def _matplotlib_installed() -> bool:
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except ValueError:  # sys.modules["matplotlib"] is None: its import is blocked
+        return False
 
 
 _FLAGS = {  # plan()'s arguments whose flag is not their name with dashes
@@ -300,7 +315,7 @@ def plot(p: Plan, path: str, *, max_gpus: int | None = None) -> None:
             f"{'step time' if p.step_time is None else 'parameter count'}. "
             "Fix: add --step-time (or --measure) and --params (or --model)."
         )
-    _check_plot_path(path)
+    _check_plot(path)
     top = max_gpus or max(DEFAULT_MAX_GPUS, p.replicas)
     gpus = sorted({2**i for i in range(int(math.log2(top)) + 1)} | {top, p.replicas})
     try:
@@ -384,9 +399,9 @@ def plot(p: Plan, path: str, *, max_gpus: int | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.plot is not None:  # before a measurement, not after it
-        _check_plot_path(args.plot)
     max_gpus = _option(args, "max_gpus", positive=True)
+    if args.plot is not None:  # before a measurement, not after it
+        _check_plot(args.plot)
     if max_gpus is not None and args.plot is None:
         sys.stderr.write("tfdist: warning: --max-gpus changes nothing without --plot (it sets the plot's largest GPU "
                          "count).\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import gc
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -27,6 +28,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # cache the compiled bytecode (__pycache__, which git ignores) even where PYTHONDONTWRITEBYTECODE is set.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+# matplotlib is the plot extra, not a dependency: the README's command runs without it, and
+# .ci/run installs it for a pass of the tests marked ``plot`` (tests/README.md).
+_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def pytest_runtest_setup(item):
+    if not _MATPLOTLIB and item.get_closest_marker("plot"):
+        pytest.skip("needs matplotlib, which is not installed: pip install '.[plot]', then pytest -m plot")
 
 
 def _contract_env() -> dict:

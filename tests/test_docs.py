@@ -565,6 +565,7 @@ def build_site(site: str) -> str:
                 what="mkdocs build --strict")
 
 
+@pytest.mark.site
 @pytest.mark.skipif(not HAS_MKDOCS, reason="the docs extra is not installed (pip install '.[docs]')")
 def test_a_broken_reference_fails_the_build(tmp_path):
     """The site's own settings (theme, plugins, strict), on two pages: a broken reference fails the build."""
@@ -590,6 +591,7 @@ def test_a_broken_reference_fails_the_build(tmp_path):
     assert warnings and all("tfdist.no_such_function" in line or "Aborted" in line for line in warnings), warnings
 
 
+@pytest.mark.site
 @pytest.mark.skipif(not HAS_MKDOCS, reason="the docs extra is not installed (pip install '.[docs]')")
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install -y chromium)")
 def test_the_site_renders_in_chromium(tmp_path, procs):

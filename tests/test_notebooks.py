@@ -69,6 +69,7 @@ def test_kernel_is_this_interpreter(kernel_path):
     assert spec["argv"][0] == sys.executable
 
 
+@pytest.mark.plot
 @pytest.mark.timeout(300)
 def test_quickstart(kernel_path, tmp_path, monkeypatch):
     result, _ = run_notebook("01_quickstart.ipynb", kernel_path, tmp_path, monkeypatch)
@@ -100,6 +101,7 @@ def test_resume(kernel_path, tmp_path, monkeypatch):
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.plot
 @pytest.mark.timeout(300)
 def test_plan(kernel_path, tmp_path, monkeypatch):
     result, _ = run_notebook("03_plan.ipynb", kernel_path, tmp_path, monkeypatch)

@@ -40,7 +40,8 @@ setup(
         ],
         "mlflow": ["mlflow-skinny>=2.9"],
         # tfdist plan --plot and the notebooks' figures. Not a dependency: Keras imports
-        # matplotlib.pyplot whenever it is installed, about 0.4 s of every process's start.
+        # matplotlib.pyplot whenever it is installed, about 0.5 s of CPU at every process's
+        # start (benchmarks/start_cost.py).
         "plot": ["matplotlib>=3.7"],
         "docs": [
             "mkdocs>=1.6",

@@ -123,17 +123,18 @@ def _check_plot(path: str) -> None:
         reason = "not a .png file name"
     elif not os.path.isdir(folder):
         reason = f"its folder {folder!r} does not exist"
-    elif not _matplotlib_installed():
+    else:
+        reason = None
+    if reason is not None:
+        raise PlanError(
+            f"Invalid `--plot`; received --plot={path!r}, {reason}. "
+            "Fix: pass a file name ending in .png in an existing folder, e.g. --plot scaling.png."
+        )
+    if not _matplotlib_installed():
         raise PlanError(
             f"`--plot` needs matplotlib, which is not installed; received --plot={path!r}. "
             "Fix: pip install 'tfdist[plot]', or leave out --plot."
         )
-    else:
-        return
-    raise PlanError(
-        f"Invalid `--plot`; received --plot={path!r}, {reason}. "
-        "Fix: pass a file name ending in .png in an existing folder, e.g. --plot scaling.png."
-    )
 
 
 def _matplotlib_installed() -> bool:
